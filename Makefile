@@ -1,0 +1,32 @@
+# Quick start: `make demo` and `make test`. Both go through `make setup`, which is idempotent.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tandem-setup
+# The CPU build of torch lies on these machines' disk; a plain `torch` would pull a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-gpu clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/tandem fetch --datasets
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/tandem generate --chat --max-tokens 96 \
+	  --prompt "Explain speculative decoding in three sentences."
+	$(BIN)/tandem generate --chat --max-tokens 96 --draft layerskip:4 --k 4 --json \
+	  --prompt "Write a Python function that checks whether a number is prime."
+
+test: setup
+	$(BIN)/python -m pytest -q tests --ignore=tests/gpu $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The ``tandem`` command line: the edge where flags become validated configuration."""

@@ -1,0 +1,1 @@
+"""Everything that runs a model inside one process."""
