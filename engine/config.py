@@ -1,0 +1,135 @@
+"""Frozen configuration objects, built and validated once at the edge.
+
+Nothing in the engine mutates these after startup. Validation errors are ``ValueError``s
+that name the offending field, so the CLI and the services can report them verbatim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary scaling. ``kind`` "none", "linear" (position / factor) or "llama3"."""
+
+    kind: Literal["none", "linear", "llama3"] = "none"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one Llama-family decoder (Llama 2/3, SmolLM2, Qwen2, Mistral)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_position: int = 8192
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has biases on q, k and v
+    name: str = "llama"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position"):
+            _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
+                 f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
+
+    def truncated(self, num_layers: int) -> "ModelConfig":
+        """The same model with only its first ``num_layers`` decoder layers (layer-skip draft)."""
+        _require(0 < num_layers <= self.num_layers, "num_layers",
+                 f"must be in [1, {self.num_layers}], got {num_layers}")
+        return dataclasses.replace(self, num_layers=num_layers)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. ``temperature == 0`` is greedy decoding.
+
+    ``top_k == 0`` and ``top_p == 1`` switch those filters off. ``k`` overrides the server's
+    draft length for this request (0 = plain decoding). ``seed`` makes sampled output
+    reproducible; None draws a fresh seed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    k: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        _require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
+        _require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.max_tokens > 0, "max_tokens", f"must be > 0, got {self.max_tokens}")
+        _require(self.k is None or self.k >= 0, "k", f"must be >= 0, got {self.k}")
+        _require(all(isinstance(s, str) and s for s in self.stop), "stop",
+                 "stop strings must be non-empty strings")
+        if self.seed is not None:
+            _require(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How one process runs a model: device, dtype, KV capacity, draft length."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention: Literal["auto", "torch", "flashinfer"] = "auto"
+    kv_block_size: int = 16
+    kv_cache_tokens: int | None = None  # None: sized from a memory budget when the engine is built
+    max_batch_size: int = 64
+    max_k: int = 8
+    k: int = 4
+    max_context: int | None = None  # None: the model's max_position
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
+                 f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+        _require(self.device == "cpu" or self.device.startswith("cuda"), "device",
+                 f"must be cpu or cuda[:N], got {self.device!r}")
+        _require(self.attention != "flashinfer" or self.device.startswith("cuda"), "attention",
+                 "flashinfer needs a CUDA device")
+        _require(self.kv_block_size > 0, "kv_block_size", "must be > 0")
+        _require(self.kv_cache_tokens is None or self.kv_cache_tokens >= self.kv_block_size, "kv_cache_tokens",
+                 f"must be >= kv_block_size ({self.kv_block_size})")
+        _require(self.max_batch_size > 0, "max_batch_size", "must be > 0")
+        _require(0 <= self.max_k <= 32, "max_k", f"must be in [0, 32], got {self.max_k}")
+        _require(0 <= self.k <= self.max_k, "k", f"must be in [0, max_k={self.max_k}], got {self.k}")
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+    @property
+    def attention_backend(self) -> str:
+        if self.attention != "auto":
+            return self.attention
+        return "flashinfer" if self.device.startswith("cuda") else "torch"

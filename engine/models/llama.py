@@ -1,0 +1,133 @@
+"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2 with qkv bias): layers composed, nothing else.
+
+Attention goes through whatever ``AttentionBackend`` the caller planned for this forward;
+the model knows nothing of KV pages, batching or speculative phases.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from engine.attention.base import AttentionBackend
+from engine.config import ModelConfig
+from engine.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                attn: AttentionBackend) -> torch.Tensor:
+        # x: [T, hidden]; positions: [T]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        o = attn.forward(self.layer, q, k, v)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, positions, rotary, attn):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_scaling)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (after the final norm)."""
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        for layer in m.layers:
+            x = layer(x, positions, m.rotary, attn)
+        return m.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> logits [N, vocab] in float32."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    def truncated(self, num_layers: int) -> "LlamaForCausalLM":
+        """A view with the first ``num_layers`` layers, sharing every weight (layer-skip draft)."""
+        view = LlamaForCausalLM.__new__(LlamaForCausalLM)
+        nn.Module.__init__(view)
+        view.config = self.config.truncated(num_layers)
+        view.model = LlamaModel.__new__(LlamaModel)
+        nn.Module.__init__(view.model)
+        view.model.embed_tokens = self.model.embed_tokens
+        view.model.layers = nn.ModuleList(self.model.layers[:num_layers])
+        view.model.norm = self.model.norm
+        view.model.rotary = self.model.rotary
+        view.lm_head = self.lm_head
+        return view
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors, fusing q/k/v and gate/up as they arrive."""
+        params = dict(self.named_parameters())
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        fused = {"q_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                 "k_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                 "v_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                 "gate_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
+                 "up_proj": ("gate_up_proj", ("gate_proj", "up_proj"))}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name == "rope_freqs":
+                self.model.rotary.rebuild(tensor)
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # some tied checkpoints store the head anyway
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in fused:
+                target, members = fused[parts[-2]]
+                key = ".".join(parts[:-2] + [target, parts[-1]])
+                group = pending.setdefault(key, {})
+                group[parts[-2]] = tensor
+                if len(group) < len(members):
+                    continue
+                name, tensor = key, torch.cat([group[m_] for m_ in members], dim=0)
+                del pending[key]
+            if name not in params:
+                raise ValueError(f"unexpected weight {name!r} for {self.config.name}")
+            param = params[name]
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        missing = set(params) - loaded
+        if pending or missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing | set(pending))[:8]}")

@@ -1,0 +1,1 @@
+"""Checkpoint readers: GGUF files and Hugging Face directories, both yielding HF-named tensors."""

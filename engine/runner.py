@@ -1,0 +1,85 @@
+"""ModelRunner: one model, its paged KV cache and an attention backend.
+
+The unit of work is a batch of ``Chunk``s: for each sequence, tokens appended after
+everything already in its KV. The runner allocates KV slots, plans attention once, runs the
+model and returns the logits of the last ``num_logits`` tokens of each chunk. Rolling back
+rejected drafts is the caller's ``truncate()``. The target verifier and every model-based
+drafter use this same class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.attention.base import AttentionMetadata, create_backend
+from engine.config import EngineConfig
+from engine.kv_cache import PagedKVCache
+from engine.models.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq_id: str
+    token_ids: Sequence[int]  # appended at positions [len(kv), len(kv) + len(token_ids))
+    num_logits: int = 1       # logits wanted for the last num_logits of these tokens
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
+        cfg = model.config
+        if config.kv_cache_tokens is None:
+            raise ValueError("kv_cache_tokens: must be resolved before building a runner (see engine.factory)")
+        self.model = model
+        self.config = config
+        self.device = torch.device(config.device)
+        self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.kv_cache_tokens,
+                                  config.kv_block_size, config.torch_dtype, self.device)
+        self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
+        self.vocab_size = cfg.vocab_size
+
+    @property
+    def allocator(self):
+        return self.cache.allocator
+
+    def length(self, seq_id: str) -> int:
+        return self.allocator.length(seq_id)
+
+    def truncate(self, seq_id: str, length: int) -> None:
+        self.allocator.truncate(seq_id, length)
+
+    def free(self, seq_id: str) -> None:
+        self.allocator.free(seq_id)
+
+    @torch.inference_mode()
+    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """Run the chunks as one batch -> logits [sum(num_logits), vocab] float32, chunk order."""
+        alloc = self.allocator
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        q_lens, kv_lens, tables, logit_rows = [], [], [], []
+        for c in chunks:
+            n = len(c.token_ids)
+            if n == 0 or not 0 < c.num_logits <= n:
+                raise ValueError(f"chunk {c.seq_id}: {n} tokens, {c.num_logits} logits")
+            start = alloc.length(c.seq_id)
+            alloc.extend(c.seq_id, start + n)
+            ids.extend(c.token_ids)
+            positions.extend(range(start, start + n))
+            slots.extend(alloc.slots(c.seq_id, start, start + n))
+            logit_rows.extend(range(len(ids) - c.num_logits, len(ids)))
+            q_lens.append(n)
+            kv_lens.append(start + n)
+            tables.append(tuple(alloc.block_table(c.seq_id)))
+        dev = self.device
+        meta = AttentionMetadata(q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), block_tables=tuple(tables),
+                                 slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
+        self.attention.plan(meta)
+        hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
+                            torch.tensor(positions, dtype=torch.long, device=dev), self.attention)
+        if len(logit_rows) < len(ids):
+            hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
+        return self.model.compute_logits(hidden)
