@@ -1,0 +1,46 @@
+"""Turning logits into a distribution and drawing from it.
+
+The same ``probs_from_logits`` is applied to the target's and the drafter's logits, so
+temperature, top-k and top-p shape both distributions identically; rejection sampling then
+keeps the output distributed exactly as the (filtered) target distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def probs_from_logits(
+    logits: torch.Tensor,       # [N, V] float32
+    temperature: torch.Tensor,  # [N] float32, > 0
+    top_k: torch.Tensor,        # [N] int64, 0 = off
+    top_p: torch.Tensor,        # [N] float32 in (0, 1], 1 = off
+) -> torch.Tensor:              # [N, V] float32, rows sum to 1
+    logits = logits.float() / temperature.unsqueeze(-1)
+    use_k = top_k > 0
+    use_p = top_p < 1.0
+    if not bool((use_k | use_p).any()):
+        return torch.softmax(logits, dim=-1)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    rank = torch.arange(vocab, device=logits.device)
+    k = torch.where(use_k, top_k, torch.full_like(top_k, vocab))
+    drop = rank.unsqueeze(0) >= k.unsqueeze(-1)                         # beyond the top k
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs            # exclusive cumulative sum
+    # the nucleus is already full; rows with top_p off (== 1) must drop nothing, even where the
+    # float32 cumulative mass before a tiny tail token rounds up to 1.0
+    drop = (mass_before >= top_p.unsqueeze(-1)) & use_p.unsqueeze(-1)
+    drop[:, 0] = False                                                  # always keep the top token
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+
+
+def sample_from_probs(
+    probs: torch.Tensor,  # [..., V] float32 (need not be normalized)
+    noise: torch.Tensor,  # [..., V] float32, i.i.d. Exponential(1)
+) -> torch.Tensor:        # [...] int64
+    """argmax(probs / noise): an exact draw from probs / probs.sum() (exponential race)."""
+    return (probs / noise).argmax(dim=-1)
