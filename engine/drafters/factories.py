@@ -1,0 +1,34 @@
+"""Constructors behind the drafter registry (imported only when that kind is asked for)."""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.drafters import DraftSpec
+from engine.models.loader import LoadedModel
+
+
+def ngram(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
+    from engine.drafters.ngram import NgramDrafter
+
+    return NgramDrafter(max_n=spec.size or 3)
+
+
+def layer_skip(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
+    from engine.drafters.model_drafter import ModelDrafter
+
+    if not 1 <= spec.size < target.config.num_layers:
+        raise ValueError(f"draft: layerskip:{spec.size} must use fewer layers than the target's "
+                         f"{target.config.num_layers}")
+    return ModelDrafter.layer_skip(target.model, spec.size, config)
+
+
+def draft_model(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
+    from engine.drafters.model_drafter import ModelDrafter
+    from engine.models.loader import load_model
+
+    draft = load_model(spec.path, device=config.device, dtype=config.torch_dtype)
+    mismatch = draft.tokenizer.same_vocab(target.tokenizer)
+    if mismatch is not None:
+        raise ValueError(f"draft: {spec.path} does not share the target's tokenizer ({mismatch}); "
+                         "a draft model must use exactly the target's vocabulary")
+    return ModelDrafter(f"model:{spec.path.name}", draft.model, config, target.config.vocab_size)

@@ -1,0 +1,115 @@
+"""A request's state across rounds, and the rules that end it (EOS, max tokens, stop strings, context)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import SamplingParams
+from engine.tokenizer import IncrementalDecoder, Tokenizer
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"      # EOS token or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"    # cancelled by the caller
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    rounds: int
+    accepted: int      # draft tokens accepted over all rounds
+    drafted: int       # draft tokens proposed over all rounds
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per round (accepted + 1)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams          # seed resolved
+    max_context: int
+    eos_token_ids: frozenset[int]
+    decoder: IncrementalDecoder
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""                  # text emitted so far
+    finish_reason: FinishReason | None = None
+    rounds: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_ids)
+
+    @classmethod
+    def create(cls, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
+               max_context: int) -> "Request":
+        return cls(request_id, list(prompt_ids), params, max_context, tokenizer.eos_token_ids,
+                   IncrementalDecoder(tokenizer, skip_special_tokens=True))
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def room(self) -> int:
+        """How many more tokens this request may commit."""
+        return max(0, min(self.params.max_tokens - self.num_output, self.max_context - len(self.token_ids)))
+
+    def commit(self, tokens: list[int]) -> tuple[list[int], str]:
+        """Append a round's committed tokens, applying the stop rules -> (tokens kept, text delta)."""
+        stops = self.params.stop
+        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
+        kept: list[int] = []
+        stop_at: int | None = None
+        for tok in tokens:
+            before = len(self.decoder.text)
+            self.token_ids.append(tok)
+            kept.append(tok)
+            self.decoder.push([tok])
+            if stops:
+                window = self.decoder.text[max(0, before - hold):]
+                hits = [i for i in (window.find(s) for s in stops) if i >= 0]
+                if hits:
+                    stop_at = max(0, before - hold) + min(hits)
+                    self.finish_reason = FinishReason.STOP
+                    break
+            if tok in self.eos_token_ids and not self.params.ignore_eos:
+                self.finish_reason = FinishReason.STOP
+                break
+            if self.room() == 0:
+                self.finish_reason = FinishReason.LENGTH
+                break
+        if stop_at is not None:
+            visible = self.decoder.text[:stop_at]
+        elif self.finished:
+            self.decoder.flush()
+            visible = self.decoder.text
+        else:
+            visible = self.decoder.text[: len(self.decoder.text) - hold] if hold else self.decoder.text
+        delta = visible[len(self.text):] if len(visible) > len(self.text) else ""
+        self.text += delta
+        return kept, delta
+
+    def output(self, new_tokens: list[int], delta: str) -> RequestOutput:
+        return RequestOutput(self.request_id, new_tokens, delta, self.finished, self.finish_reason,
+                             len(self.prompt_ids), self.num_output, self.rounds, self.accepted, self.drafted)
