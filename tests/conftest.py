@@ -1,0 +1,30 @@
+"""Shared fixtures: the real SmolLM2 model, loaded once per session on the CPU in float32."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.assets import default_model_path
+from engine.config import EngineConfig
+from engine.drafters import DraftSpec, build_drafter
+from engine.models.loader import LoadedModel, load_model
+from engine.runner import ModelRunner
+from engine.spec import SpecDecoder
+
+
+@pytest.fixture(scope="session")
+def smollm_path():
+    return default_model_path(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_path) -> LoadedModel:
+    return load_model(smollm_path, device="cpu", progress=False)
+
+
+def make_decoder(model: LoadedModel, draft: str = "none", k: int = 4, kv_cache_tokens: int = 8192,
+                 max_batch_size: int = 64, **overrides) -> SpecDecoder:
+    config = EngineConfig(kv_cache_tokens=kv_cache_tokens, k=k, max_k=max(8, k), max_batch_size=max_batch_size,
+                          **overrides)
+    drafter = build_drafter(DraftSpec.parse(draft), model, config)
+    return SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config, drafter)
