@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except ValueError as exc:  # validation errors name the field
+    except (ValueError, FileNotFoundError) as exc:  # validation errors name the field
         print(f"tandem {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -47,7 +47,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     device = args.device or default_device()
     return EngineConfig(device=device, dtype=args.dtype or default_dtype(device), attention=args.attention,
                         kv_cache_tokens=args.kv_cache_tokens, max_batch_size=args.max_batch_size,
-                        k=args.k, max_k=max(8, args.k))
+                        k=args.k, max_k=max(8, min(args.k, 32)))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

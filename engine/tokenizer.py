@@ -168,7 +168,10 @@ class Tokenizer:
         directory = Path(directory)
         if not (directory / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{directory}: no tokenizer.json (only fast tokenizers are supported)")
-        backend = _RustTokenizer.from_file(str(directory / "tokenizer.json"))
+        try:
+            backend = _RustTokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as exc:  # the Rust library raises a bare Exception
+            raise ValueError(f"{directory / 'tokenizer.json'}: not a valid tokenizer ({exc})") from exc
 
         def read_json(name: str) -> dict[str, Any]:
             path = directory / name

@@ -28,3 +28,13 @@ def make_decoder(model: LoadedModel, draft: str = "none", k: int = 4, kv_cache_t
                           **overrides)
     drafter = build_drafter(DraftSpec.parse(draft), model, config)
     return SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config, drafter)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(smollm_path):
+    """transformers' LlamaForCausalLM on the same GGUF weights (its own dequantization), float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name,
+                                                dtype=torch.float32).eval()

@@ -47,14 +47,10 @@ def plain(smollm, prompts) -> list[list[int]]:
     return [o.new_token_ids for o in outs]
 
 
-def test_plain_decoding_is_transformers_greedy(smollm_path, prompts, plain):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name,
-                                              dtype=torch.float32).eval()
+def test_plain_decoding_is_transformers_greedy(hf_smollm, prompts, plain):
     for ids, ours in zip(prompts[:4], plain[:4]):
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            ref = hf_smollm.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                               max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=2)
         assert ours == ref[0, len(ids):].tolist()
 

@@ -1,0 +1,505 @@
+"""Checkpoint formats: tiny random Llama-family models, written the way transformers and llama.cpp write
+them, load to the same logits as transformers' own model on the same weights (float32, CPU).
+
+Hugging Face directories come from ``save_pretrained`` (tied / untied head, llama3 rope scaling, Qwen2
+qkv bias, Mistral, sharded safetensors). GGUF files come from ``gguf.GGUFWriter`` with the tensor
+types F32, F16, BF16, Q8_0, Q4_0 and Q4_1, q/k rows permuted as llama.cpp's converter permutes them,
+the tokenizer metadata copied from the real SmolLM2 GGUF and, for llama3 scaling, a ``rope_freqs``
+tensor computed the way the converter computes it. The transformers reference for a GGUF holds the
+quantization round trip of the original weights, un-permuted by the test itself.
+
+Parsing the SmolLM2 tokenizer metadata costs ~4 s per GGUF file (the gguf reader walks 100k strings
+one by one), so there are three GGUF files, each one model variant (llama untied + rope_freqs, qwen2
+with biases, mistral tied) with its tensors in two types, as llama.cpp mixes types within a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+from gguf import GGUFValueType  # noqa: E402
+
+from engine.assets import default_model_path  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.models.llama import LlamaForCausalLM as OurLlama  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
+from engine.models.weights import gguf_loader  # noqa: E402
+from engine.runner import Chunk, ModelRunner  # noqa: E402
+
+VOCAB = 49152  # the SmolLM2 tokenizer's
+DIMS = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5)
+SEQ_LEN, PREFILL = 48, 44  # prefill 44 tokens, then decode 4 one at a time
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=50000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+TEXT = "def quicksort(items):\n    return sorted(items)  # 12345 héllo, world!"
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def hf_model(kind: str = "llama", seed: int = 0, rope: dict | None = None, **overrides):
+    """A random transformers model, every parameter (norms and biases included) drawn from ``seed``."""
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[kind]
+    kw = {**DIMS, **overrides}
+    kw["rope_parameters"] = rope or {"rope_type": "default", "rope_theta": 100000.0}
+    config = cfg_cls(**kw)
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * r)
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * r)
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * r)
+            else:  # unit-variance outputs: non-trivial attention patterns and logits
+                p.copy_(r / math.sqrt(p.shape[1]))
+    if "qwen2" == kind:
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    return model
+
+
+def reference_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def our_logits(loaded, ids: list[int], prefill: int = PREFILL) -> torch.Tensor:
+    """Prefill ``ids[:prefill]`` (all logits), then decode the rest one token at a time through the paged KV."""
+    runner = ModelRunner(loaded.model, EngineConfig(kv_cache_tokens=256, kv_block_size=8))
+    parts = [runner.forward([Chunk("s", ids[:prefill], num_logits=prefill)])]
+    for t in ids[prefill:]:
+        parts.append(runner.forward([Chunk("s", [t])]))
+    return torch.cat(parts)
+
+
+def assert_logits_match(ours: torch.Tensor, ref: torch.Tensor, atol: float = 1e-4) -> None:
+    assert ours.shape == ref.shape
+    diff = (ours - ref).abs().max().item()
+    assert diff <= atol, f"max abs logit diff {diff:.3g} > {atol}"
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def random_ids(seed: int, n: int = SEQ_LEN) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def hf_rope_table(model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' cos/sin for positions [0, n): [n, head_dim / 2] each (its halves are duplicates)."""
+    half = model.config.head_dim // 2
+    x = torch.zeros(1, n, model.config.head_dim)
+    cos, sin = model.model.rotary_emb(x, torch.arange(n)[None])
+    return cos[0, :, :half].float(), sin[0, :, :half].float()
+
+
+def our_rope_table(loaded, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return loaded.model.model.rotary.cos_sin[:n].float().chunk(2, dim=-1)
+
+
+def assert_rope_matches(loaded, ref, n: int) -> None:
+    ours, theirs = our_rope_table(loaded, n), hf_rope_table(ref, n)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    # the scaled table is far from the plain one: the comparison above could tell them apart
+    d = ref.config.head_dim
+    theta = ref.config.rope_parameters["rope_theta"]
+    plain = torch.outer(torch.arange(n, dtype=torch.float64), theta ** (-torch.arange(0, d, 2) / d)).cos().float()
+    assert (plain - theirs[0]).abs().max() > 0.5
+
+
+def write_hf_dir(directory: Path, model, tokenizer_dir: Path, **save_kwargs) -> Path:
+    model.save_pretrained(directory, **save_kwargs)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, directory / f.name)
+    return directory
+
+
+# --- GGUF, written the way llama.cpp's convert_hf_to_gguf.py writes it
+
+_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
+
+
+def gguf_tensor_name(hf: str) -> str:
+    if hf in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[hf]
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf)
+    return f"blk.{m.group(1)}.{_GGUF_LAYER[m.group(2)]}"
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute (HF rotate_half rows -> llama.cpp's interleaved pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(head_dim: int, rope: dict) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors for rope_type llama3."""
+    base = rope["rope_theta"]
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context_len = rope["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_gguf(path: Path, arch: str, model, qtype_of, tokenizer_kv: list | None, *,
+               rope_freqs: np.ndarray | None = None, skip: tuple[str, ...] = (),
+               extra: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+    """Write ``model`` as a GGUF, each 2-D weight in the type ``qtype_of(hf_name)``; return the HF-layout
+    weights the file really holds (the quantization round trip), for the transformers reference."""
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_string("general.name", f"tiny-{arch}")
+    w.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
+    w.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
+    w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
+    w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
+    w.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
+    w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32(f"{arch}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    w.add_uint32(f"{arch}.vocab_size", cfg.vocab_size)
+    for key, value, types in tokenizer_kv or ():
+        if types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=types[1])
+        else:
+            w.add_key_value(key, value, types[0])
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs)
+    permute = arch in ("llama", "mistral")
+    held: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():  # named_parameters() lists a tied head once, as the embedding
+        if name in skip:
+            continue
+        arr = p.detach().numpy().astype(np.float32)
+        n_head = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}.get(name.split(".")[-2])
+        order = None
+        if permute and n_head and name.endswith(".weight"):
+            order = llamacpp_permute(np.arange(arr.shape[0]), n_head)
+            arr = llamacpp_permute(arr, n_head)
+            assert np.array_equal(arr, p.detach().numpy()[order])
+        if arr.ndim == 1:  # norms and biases stay F32, as llama.cpp writes them
+            w.add_tensor(gguf_tensor_name(name), arr)
+            deq = arr
+        else:
+            qtype = qtype_of(name)
+            data = gguf.quants.quantize(arr, qtype)
+            if qtype in (QT.F32, QT.F16):
+                assert data.dtype == {QT.F32: np.float32, QT.F16: np.float16}[qtype]
+                w.add_tensor(gguf_tensor_name(name), data)
+            else:  # raw bytes [rows, bytes per row]; the writer turns that into the element shape
+                assert data.dtype == np.uint8
+                w.add_tensor(gguf_tensor_name(name), data, raw_dtype=qtype)
+            deq = gguf.quants.dequantize(data, qtype).reshape(arr.shape)
+        if order is not None:
+            unpermuted = np.empty_like(deq)
+            unpermuted[order] = deq
+            deq = unpermuted
+        held[name] = torch.from_numpy(np.array(deq, dtype=np.float32))
+    for name, arr in (extra or {}).items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def layer_types(embed: QT, head: QT, layers: tuple[QT, ...]):
+    """qtype_of for write_gguf: token_embd, output and each layer's weights in their own type."""
+    def qtype_of(name: str) -> QT:
+        if name == "model.embed_tokens.weight":
+            return embed
+        if name == "lm_head.weight":
+            return head
+        return layers[int(name.split(".")[2]) % len(layers)]
+    return qtype_of
+
+
+def set_weights(model, weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(weights[name])
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def smollm_gguf() -> Path:
+    return default_model_path(quiet=True)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(smollm_gguf, tmp_path_factory):
+    """transformers' tokenizer of the SmolLM2 GGUF (slow: once per module) and the directory it was saved to."""
+    tok = transformers.AutoTokenizer.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name)
+    directory = tmp_path_factory.mktemp("tokenizer")
+    tok.save_pretrained(directory)
+    assert (directory / "tokenizer.json").is_file()
+    return tok, directory
+
+
+@pytest.fixture(scope="module")
+def tokenizer_kv(smollm_gguf) -> list:
+    """The SmolLM2 GGUF's tokenizer metadata as (key, value, gguf types)."""
+    f = gguf_loader.open_gguf(smollm_gguf)
+    keys = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+            "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"]
+    out = [(k, f.metadata[k], list(f.reader.fields[k].types)) for k in keys]
+    assert len(f.metadata["tokenizer.ggml.tokens"]) == VOCAB
+    return out
+
+
+# ------------------------------------------------------------------------------------ HF directories
+
+HF_CASES = {
+    "llama-tied": dict(kind="llama", tie_word_embeddings=True),
+    "llama-untied-llama3-rope": dict(kind="llama", tie_word_embeddings=False, rope=LLAMA3_ROPE),
+    "qwen2-qkv-bias": dict(kind="qwen2", tie_word_embeddings=False),
+    "mistral": dict(kind="mistral", tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_CASES))
+def test_hf_directory_matches_transformers(case, hf_tokenizer, tmp_path):
+    spec = dict(HF_CASES[case])
+    ref = hf_model(spec.pop("kind"), seed=len(case), **spec)
+    directory = write_hf_dir(tmp_path / case, ref, hf_tokenizer[1])
+    assert not (directory / "model.safetensors.index.json").exists()
+
+    loaded = load_model(directory, progress=False)
+    c = loaded.config
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (2, 64, 4, 2, 16, VOCAB)
+    assert c.tie_word_embeddings == ref.config.tie_word_embeddings
+    assert (loaded.model.lm_head is None) == c.tie_word_embeddings
+    assert c.attention_bias == (case == "qwen2-qkv-bias")
+    assert c.rope_theta == ref.config.rope_parameters["rope_theta"]
+    if "llama3" in case:
+        assert c.rope_scaling.kind == "llama3" and c.rope_theta == 50000.0
+        assert_rope_matches(loaded, ref, DIMS["max_position_embeddings"])
+
+    ids = random_ids(seed=len(case))
+    assert_logits_match(our_logits(loaded, ids), reference_logits(ref, ids))
+    tok = hf_tokenizer[0]
+    assert loaded.tokenizer.encode(TEXT, add_special_tokens=False) == tok(TEXT, add_special_tokens=False).input_ids
+
+
+@pytest.fixture(scope="module")
+def sharded_dir(hf_tokenizer, tmp_path_factory):
+    ref = hf_model("llama", seed=7, num_hidden_layers=3, tie_word_embeddings=False)
+    directory = write_hf_dir(tmp_path_factory.mktemp("sharded"), ref, hf_tokenizer[1], max_shard_size="1MB")
+    return ref, directory
+
+
+def test_sharded_hf_directory(sharded_dir):
+    ref, directory = sharded_dir
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 3 and all((directory / s).is_file() for s in shards)
+    assert not (directory / "model.safetensors").exists()
+    loaded = load_model(directory, progress=False)
+    assert loaded.config.num_layers == 3 and not loaded.config.tie_word_embeddings
+    ids = random_ids(seed=7)
+    assert_logits_match(our_logits(loaded, ids), reference_logits(ref, ids))
+
+
+def test_max_layers_keeps_the_first_layers(sharded_dir):
+    """``max_layers`` (smaller drafts) = the same checkpoint cut after its first layers, final norm and head kept."""
+    ref, directory = sharded_dir
+    loaded = load_model(directory, progress=False, max_layers=2)
+    assert loaded.config.num_layers == 2 and len(loaded.model.model.layers) == 2
+    cut = hf_model("llama", seed=0, num_hidden_layers=2, tie_word_embeddings=False)
+    set_weights(cut, dict(ref.named_parameters()))
+    ids = random_ids(seed=8)
+    assert_logits_match(our_logits(loaded, ids), reference_logits(cut, ids))
+    assert (reference_logits(cut, ids) - reference_logits(ref, ids)).abs().max() > 1e-2
+
+
+# ------------------------------------------------------------------------------------------- GGUF files
+
+# Three files (each costs ~5 s, see the module docstring), one architecture variant each, every tensor
+# type in two of them: the embedding, the head and each layer in its own type, as llama.cpp mixes types.
+GGUF_CASES = {
+    "llama-untied-rope_freqs-F32-F16": dict(arch="llama", tie_word_embeddings=False, rope=LLAMA3_ROPE,
+                                            types=layer_types(QT.F32, QT.F16, (QT.F16, QT.F32))),
+    "qwen2-bias-BF16-Q8_0": dict(arch="qwen2", tie_word_embeddings=False,
+                                 types=layer_types(QT.Q8_0, QT.BF16, (QT.BF16, QT.Q8_0))),
+    "mistral-tied-Q4_0-Q4_1": dict(arch="mistral", tie_word_embeddings=True,
+                                   types=layer_types(QT.Q4_1, None, (QT.Q4_0, QT.Q4_1))),
+}
+F32_ONLY = layer_types(QT.F32, QT.F32, (QT.F32,))
+
+
+def test_gguf_cases_cover_every_tensor_type():
+    names = ["model.embed_tokens.weight", "lm_head.weight"] + [f"model.layers.{i}.mlp.up_proj.weight"
+                                                               for i in range(DIMS["num_hidden_layers"])]
+    used = {case["types"](n) for case in GGUF_CASES.values() for n in names} - {None}
+    assert used == {QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_matches_transformers(case, tokenizer_kv, hf_tokenizer, tmp_path):
+    spec = dict(GGUF_CASES[case])
+    qtype_of, arch, rope = spec.pop("types"), spec.pop("arch"), spec.pop("rope", None)
+    original = hf_model(arch, seed=100 + len(case), rope=rope, **spec)
+    factors = llama3_rope_factors(DIMS["head_dim"], rope) if rope else None
+    path = tmp_path / f"{case}.gguf"
+    held = write_gguf(path, arch, original, qtype_of, tokenizer_kv, rope_freqs=factors)
+    for name, p in original.named_parameters():  # the round trip changed the weights (except F32)
+        if p.ndim == 2:
+            assert torch.equal(held[name], p) == (qtype_of(name) == QT.F32), name
+
+    # transformers on the weights the file holds; for rope_freqs, the HF llama3 config they came from
+    ref = hf_model(arch, seed=0, rope=rope, **spec)
+    set_weights(ref, held)
+
+    loaded = load_model(path, progress=False)
+    c = loaded.config
+    assert (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim) == \
+        (2, 64, 128, 4, 2, 16)
+    assert c.vocab_size == VOCAB and c.max_position == 256
+    assert c.tie_word_embeddings == spec["tie_word_embeddings"]
+    assert (loaded.model.lm_head is None) == c.tie_word_embeddings
+    assert c.attention_bias == (arch == "qwen2")
+    assert c.rms_norm_eps == pytest.approx(1e-5) and c.rope_theta == ref.config.rope_parameters["rope_theta"]
+
+    # every weight dequantized (and q/k un-permuted) exactly as the test did it
+    ours = dict(loaded.model.named_parameters())
+    for i in range(c.num_layers):
+        pre = f"model.layers.{i}."
+        what = f"layer {i} ({qtype_of(pre + 'mlp.up_proj.weight').name})"
+        qkv = torch.cat([held[pre + f"self_attn.{p}_proj.weight"] for p in "qkv"])
+        assert torch.equal(ours[pre + "self_attn.qkv_proj.weight"], qkv), f"{what} q/k/v"
+        if c.attention_bias:
+            qkv_b = torch.cat([held[pre + f"self_attn.{p}_proj.bias"] for p in "qkv"])
+            assert torch.equal(ours[pre + "self_attn.qkv_proj.bias"], qkv_b), f"{what} q/k/v bias"
+        assert torch.equal(ours[pre + "self_attn.o_proj.weight"], held[pre + "self_attn.o_proj.weight"]), what
+        gate_up = torch.cat([held[pre + "mlp.gate_proj.weight"], held[pre + "mlp.up_proj.weight"]])
+        assert torch.equal(ours[pre + "mlp.gate_up_proj.weight"], gate_up), f"{what} gate/up"
+        assert torch.equal(ours[pre + "mlp.down_proj.weight"], held[pre + "mlp.down_proj.weight"]), what
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(ours[pre + norm + ".weight"], held[pre + norm + ".weight"]), what
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        if name in held:
+            assert torch.equal(ours[name], held[name]), name
+
+    if rope:
+        assert_rope_matches(loaded, ref, c.max_position)
+    ids = random_ids(seed=len(case))
+    assert_logits_match(our_logits(loaded, ids), reference_logits(ref, ids))
+    tok = hf_tokenizer[0]
+    assert loaded.tokenizer.encode(TEXT, add_special_tokens=False) == tok(TEXT, add_special_tokens=False).input_ids
+
+
+# ------------------------------------------------------------------------------------------ error cases
+
+def _gguf_weights(path: Path):
+    """Our model's loading of a GGUF without going through its (slow) tokenizer metadata."""
+    f = gguf_loader.open_gguf(path)
+    config = gguf_loader.model_config(f)
+    model = OurLlama(config)
+    return model, gguf_loader.iter_tensors(f, config, torch.float32, progress=False)
+
+
+def test_gguf_unsupported_architecture(tmp_path):
+    path = tmp_path / "falcon.gguf"
+    w = gguf.GGUFWriter(str(path), "falcon")
+    w.add_uint32("falcon.block_count", 1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="falcon"):
+        load_model(path, progress=False)
+
+
+def test_gguf_missing_and_unexpected_weights(tmp_path):
+    model = hf_model("llama", seed=3)
+    path = tmp_path / "ok.gguf"
+    held = write_gguf(path, "llama", model, F32_ONLY, None)
+    ours, weights = _gguf_weights(path)
+    ours.load_weights(weights)  # the complete file loads, to the same values
+    assert torch.equal(ours.model.layers[1].mlp.down_proj.weight, held["model.layers.1.mlp.down_proj.weight"])
+
+    write_gguf(tmp_path / "missing.gguf", "llama", model, F32_ONLY, None, skip=("model.layers.1.mlp.up_proj.weight",))
+    ours, weights = _gguf_weights(tmp_path / "missing.gguf")
+    with pytest.raises(ValueError, match=r"missing.*model\.layers\.1\.mlp\.gate_up_proj"):
+        ours.load_weights(weights)
+
+    write_gguf(tmp_path / "norm.gguf", "llama", model, F32_ONLY, None, skip=("model.norm.weight",))
+    ours, weights = _gguf_weights(tmp_path / "norm.gguf")
+    with pytest.raises(ValueError, match=r"missing.*model\.norm\.weight"):
+        ours.load_weights(weights)
+
+    write_gguf(tmp_path / "extra.gguf", "llama", model, F32_ONLY, None,
+               extra={"blk.0.ffn_gate_exps.weight": np.zeros((4, 32), dtype=np.float32)})
+    ours, weights = _gguf_weights(tmp_path / "extra.gguf")
+    with pytest.raises(ValueError, match="ffn_gate_exps"):
+        ours.load_weights(weights)
+
+
+def test_hf_directory_without_config(hf_tokenizer, tmp_path):
+    directory = write_hf_dir(tmp_path / "m", hf_model("llama", seed=4), hf_tokenizer[1])
+    (directory / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(directory, progress=False)
+
+
+def test_hf_index_names_a_missing_shard(sharded_dir, tmp_path):
+    _, source = sharded_dir
+    directory = Path(shutil.copytree(source, tmp_path / "m"))
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    gone = index["weight_map"]["model.layers.1.self_attn.o_proj.weight"]
+    (directory / gone).unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(gone)):
+        load_model(directory, progress=False)
+
+
+def test_hf_checkpoint_missing_a_weight(hf_tokenizer, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = write_hf_dir(tmp_path / "m", hf_model("llama", seed=5), hf_tokenizer[1])
+    tensors = load_file(directory / "model.safetensors")
+    del tensors["model.layers.0.self_attn.o_proj.weight"]
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing.*model\.layers\.0\.self_attn\.o_proj\.weight"):
+        load_model(directory, progress=False)
