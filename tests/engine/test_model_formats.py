@@ -20,6 +20,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -73,7 +74,7 @@ def hf_model(kind: str = "llama", seed: int = 0, rope: dict | None = None, **ove
                 p.copy_(0.5 * r)
             else:  # unit-variance outputs: non-trivial attention patterns and logits
                 p.copy_(r / math.sqrt(p.shape[1]))
-    if "qwen2" == kind:
+    if kind == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
     return model
 
@@ -429,6 +430,21 @@ def test_gguf_matches_transformers(case, tokenizer_kv, hf_tokenizer, tmp_path):
     assert loaded.tokenizer.encode(TEXT, add_special_tokens=False) == tok(TEXT, add_special_tokens=False).input_ids
 
 
+def test_gguf_rope_freqs_stay_float32_in_a_bfloat16_model(tmp_path):
+    """The rotary table is float32 whatever the model dtype, so llama3 factors must not be rounded to it
+    (bfloat16 factors put Llama 3.1's rotary angles ~0.8 rad off at 128k positions)."""
+    original = hf_model("llama", seed=9, rope=LLAMA3_ROPE)
+    path = tmp_path / "rope.gguf"
+    write_gguf(path, "llama", original, F32_ONLY, None, rope_freqs=llama3_rope_factors(DIMS["head_dim"], LLAMA3_ROPE))
+    f = gguf_loader.open_gguf(path)
+    config = gguf_loader.model_config(f)
+    model = OurLlama(config).to(torch.bfloat16)  # what load_model(dtype=torch.bfloat16) builds
+    model.model.rotary.rebuild()
+    model.load_weights(gguf_loader.iter_tensors(f, config, torch.bfloat16, progress=False))
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert_rope_matches(SimpleNamespace(model=model), original, config.max_position)
+
+
 # ------------------------------------------------------------------------------------------ error cases
 
 def _gguf_weights(path: Path):
@@ -503,3 +519,21 @@ def test_hf_checkpoint_missing_a_weight(hf_tokenizer, tmp_path):
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing.*model\.layers\.0\.self_attn\.o_proj\.weight"):
         load_model(directory, progress=False)
+
+
+def test_sliding_window_caps_the_context(tmp_path):
+    """Mistral-style sliding windows: the context is capped at the window, where full attention is exact."""
+    import json
+
+    from engine.models.weights.hf_loader import model_config
+
+    base = {"model_type": "mistral", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps({**base, "sliding_window": 4096}))
+    assert model_config(tmp_path).max_position == 4096
+    (tmp_path / "config.json").write_text(json.dumps({**base, "sliding_window": None}))
+    assert model_config(tmp_path).max_position == 32768
+    (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "qwen2", "sliding_window": 4096,
+                                                      "use_sliding_window": False}))
+    assert model_config(tmp_path).max_position == 32768

@@ -150,4 +150,5 @@ def iter_tensors(f: GGUFFile, config: ModelConfig, dtype: torch.dtype,
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _unpermute(arr, config.num_kv_heads)
         arr = arr if arr.flags.writeable and arr.flags.c_contiguous else np.array(arr, order="C")
-        yield name, torch.from_numpy(arr).to(dtype)
+        # rope_freqs feed the float32 rotary table: rounding them to a half dtype skews long-context angles
+        yield name, torch.from_numpy(arr).to(torch.float32 if name == "rope_freqs" else dtype)

@@ -49,6 +49,11 @@ def model_config(directory: Path) -> ModelConfig:
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     heads = int(cfg["num_attention_heads"])
     theta, scaling = _rope_scaling(cfg)
+    max_position = int(cfg.get("max_position_embeddings", 4096))
+    window = cfg.get("sliding_window")
+    if window and cfg.get("use_sliding_window", model_type == "mistral"):
+        # full attention over at most `window` tokens is exactly sliding-window attention
+        max_position = min(max_position, int(window))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -60,7 +65,7 @@ def model_config(directory: Path) -> ModelConfig:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position=int(cfg.get("max_position_embeddings", 4096)),
+        max_position=max_position,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
         name=str(cfg.get("_name_or_path") or directory.name),
