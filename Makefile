@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(BIN)/tandem generate --chat --max-tokens 96 \
 	  --prompt "Explain speculative decoding in three sentences."
-	$(BIN)/tandem generate --chat --max-tokens 96 --draft layerskip:4 --k 4 --json \
-	  --prompt "Write a Python function that checks whether a number is prime."
+	$(BIN)/tandem generate --chat --max-tokens 128 --draft ngram --k 4 --json \
+	  --prompt "Write a Python function that checks whether a number is prime, then test it on 1, 2 and 9."
 
 test: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/gpu $(PYTEST_ARGS)

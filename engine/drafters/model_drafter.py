@@ -24,6 +24,7 @@ from engine.sampling import probs_from_logits, sample_from_probs
 @dataclass
 class _State:
     cached: list[int] = field(default_factory=list)  # tokens whose KV this drafter holds
+    committed: int = 0  # tokens known committed at the last call (history never changes)
     generator: torch.Generator | None = None
 
 
@@ -48,10 +49,11 @@ class ModelDrafter:
     def _catch_up(self, r: DraftRequest) -> list[int]:
         st = self._states.setdefault(r.request_id, _State())
         tokens = r.token_ids
-        n = 0
         limit = min(len(st.cached), len(tokens) - 1)  # always re-feed at least the last token
+        n = min(st.committed, limit)  # cached[:committed] are committed tokens: no need to compare
         while n < limit and st.cached[n] == tokens[n]:
             n += 1
+        st.committed = len(tokens)
         if n < len(st.cached):
             self.runner.truncate(r.request_id, n)
             del st.cached[n:]
