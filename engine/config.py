@@ -107,6 +107,7 @@ class EngineConfig:
     max_k: int = 8
     k: int = 4
     max_context: int | None = None  # None: the model's max_position
+    draft_top_m: int = 0  # sampled drafts: draw from (and send) only the top m tokens; 0 = the full distribution
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -121,6 +122,7 @@ class EngineConfig:
         _require(self.max_batch_size > 0, "max_batch_size", "must be > 0")
         _require(0 <= self.max_k <= 32, "max_k", f"must be in [0, 32], got {self.max_k}")
         _require(0 <= self.k <= self.max_k, "k", f"must be in [0, max_k={self.max_k}], got {self.k}")
+        _require(self.draft_top_m >= 0, "draft_top_m", f"must be >= 0, got {self.draft_top_m}")
 
     @property
     def torch_dtype(self):

@@ -31,6 +31,8 @@ class RequestOutput:
     rounds: int
     accepted: int      # draft tokens accepted over all rounds
     drafted: int       # draft tokens proposed over all rounds
+    round_accepted: int = 0  # of this step's round
+    round_drafted: int = 0
 
     @property
     def acceptance_length(self) -> float:
@@ -75,6 +77,12 @@ class Request:
         """How many more tokens this request may commit."""
         return max(0, min(self.params.max_tokens - self.num_output, self.max_context - len(self.token_ids)))
 
+    def resume(self, output_ids: list[int]) -> None:
+        """Take over output committed elsewhere (already delivered: nothing is emitted again)."""
+        self.token_ids.extend(output_ids)
+        self.decoder.push(output_ids)
+        self.text = self.decoder.text
+
     def commit(self, tokens: list[int]) -> tuple[list[int], str]:
         """Append a round's committed tokens, applying the stop rules -> (tokens kept, text delta)."""
         stops = self.params.stop
@@ -110,6 +118,8 @@ class Request:
         self.text += delta
         return kept, delta
 
-    def output(self, new_tokens: list[int], delta: str) -> RequestOutput:
+    def output(self, new_tokens: list[int], delta: str, round_accepted: int = 0, round_drafted: int = 0
+               ) -> RequestOutput:
         return RequestOutput(self.request_id, new_tokens, delta, self.finished, self.finish_reason,
-                             len(self.prompt_ids), self.num_output, self.rounds, self.accepted, self.drafted)
+                             len(self.prompt_ids), self.num_output, self.rounds, self.accepted, self.drafted,
+                             round_accepted, round_drafted)

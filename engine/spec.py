@@ -6,12 +6,17 @@ per request ``[unseen committed tokens] + drafts`` through the target in one for
 new request's prefill is simply its first round (its unseen tokens are the whole prompt).
 
 Per round:
-1. each request gets k = min(its k, room left); the drafter proposes up to k tokens;
+1. each request gets k = min(its k, room left); drafts come from the embedded drafter
+   (``step``) or from outside (``run_round``, the verifier service in split mode);
 2. one target forward over every request's chunk, logits for the last 1 + len(drafts) rows;
 3. greedy rows: accept while the draft equals the target argmax; sampled rows: rejection
    sampling with per-request coins; each row commits accepted + 1 tokens;
 4. the target KV is truncated past the accepted tokens; stop rules are applied; finished
    requests free their KV in the target and the drafter.
+
+Two ways in: ``add_request`` + ``step`` queue and schedule in-process (the CLI, the tests);
+``start`` + ``run_round`` let a caller that does its own scheduling (the verifier service)
+drive exact batches.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import dataclasses
 import itertools
 import random
 from collections import deque
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -32,6 +38,19 @@ from engine.sampling import PLACEHOLDER_TOKEN_ID, greedy_verify, probs_from_logi
 from engine.tokenizer import Tokenizer
 
 
+class CapacityError(RuntimeError):
+    """The KV cache or the batch cannot take this request now (overload, not bad input)."""
+
+
+@dataclass(frozen=True)
+class RoundItem:
+    """One request's part of a round: its drafts and, for sampled requests, their distribution."""
+
+    request_id: str
+    drafts: Sequence[int] = ()
+    probs: torch.Tensor | None = None  # [len(drafts), V] q; None: one-hot drafts
+
+
 class SpecDecoder:
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, config: EngineConfig,
                  drafter: Drafter | None = None) -> None:
@@ -42,31 +61,36 @@ class SpecDecoder:
         self.max_context = min(config.max_context or target.model.config.max_position,
                                target.model.config.max_position)
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # running, in arrival order
         self._ids = itertools.count()
         self._reserved_blocks = 0
+
+    @property
+    def running(self) -> list[Request]:
+        return list(self.requests.values())
 
     # ------------------------------------------------------------------ admission
     def _blocks_needed(self, r: Request) -> int:
         worst = min(len(r.prompt_ids) + r.params.max_tokens, self.max_context) + self.config.max_k + 1
         return self.target.allocator.blocks_for(worst)
 
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
-        """Queue a request; bad input raises ValueError naming the field."""
+    def _create(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None,
+                output_ids: Sequence[int]) -> Request:
+        """Validate a new request; bad input raises ValueError naming the field."""
         prompt_ids = list(prompt_ids)
         vocab = self.target.vocab_size
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(prompt_ids) >= self.max_context:
+        for name, ids in (("prompt", prompt_ids), ("output", output_ids)):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt_ids) + len(output_ids) >= self.max_context:
             raise ValueError(f"prompt: {len(prompt_ids)} tokens leave no room in the context of {self.max_context}")
         if params.k is not None and params.k > self.config.max_k:
             raise ValueError(f"k: {params.k} exceeds the server's max_k={self.config.max_k}")
         request_id = request_id or f"req-{next(self._ids)}"
-        if any(r.request_id == request_id for r in itertools.chain(self.waiting, self.running)):
+        if request_id in self.requests or any(r.request_id == request_id for r in self.waiting):
             raise ValueError(f"request_id: {request_id!r} is already in use")
         if params.seed is None:
             params = dataclasses.replace(params, seed=random.getrandbits(63))
@@ -74,77 +98,115 @@ class SpecDecoder:
         if self._blocks_needed(r) > self.target.allocator.num_blocks:
             raise ValueError(f"max_tokens: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) "
                              f"does not fit the KV cache ({self.config.kv_cache_tokens} tokens)")
+        if output_ids:
+            r.resume(list(output_ids))
+            if r.room() == 0:
+                raise ValueError(f"output: {len(output_ids)} tokens already reach max_tokens or the context")
+        return r
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        """Queue a request for ``step``."""
+        r = self._create(prompt_ids, params, request_id, ())
         self.waiting.append(r)
-        return request_id
+        return r.request_id
+
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str,
+              output_ids: Sequence[int] = ()) -> Request:
+        """Admit a request now (its first ``run_round`` is its prefill), or raise CapacityError.
+
+        ``output_ids``: output already committed elsewhere (a request moved from a lost verifier).
+        """
+        r = self._create(prompt_ids, params, request_id, output_ids)
+        if len(self.requests) >= self.config.max_batch_size:
+            raise CapacityError(f"batch full ({self.config.max_batch_size} requests)")
+        self._reserve(r)
+        return r
+
+    def _reserve(self, r: Request) -> None:
+        need = self._blocks_needed(r)
+        if self._reserved_blocks + need > self.target.allocator.num_blocks:
+            raise CapacityError(f"KV cache full: {r.request_id} needs {need} blocks")
+        self._reserved_blocks += need
+        self.requests[r.request_id] = r
 
     def _admit(self) -> None:
-        total = self.target.allocator.num_blocks
-        while self.waiting and len(self.running) < self.config.max_batch_size:
-            need = self._blocks_needed(self.waiting[0])
-            if self._reserved_blocks + need > total:
+        while self.waiting and len(self.requests) < self.config.max_batch_size:
+            try:
+                self._reserve(self.waiting[0])
+            except CapacityError:
                 break
-            self._reserved_blocks += need
-            self.running.append(self.waiting.popleft())
+            self.waiting.popleft()
 
     def abort(self, request_id: str) -> bool:
-        for r in list(self.waiting):
+        """Drop a request wherever it is and free its KV (target and drafter)."""
+        for r in self.waiting:
             if r.request_id == request_id:
                 self.waiting.remove(r)
                 return True
-        for r in self.running:
-            if r.request_id == request_id:
-                r.finish_reason = FinishReason.ABORT
-                self._finish(r)
-                self.running.remove(r)
-                return True
-        return False
+        r = self.requests.get(request_id)
+        if r is None:
+            return False
+        r.finish_reason = FinishReason.ABORT
+        self._finish(r)
+        return True
 
     def _finish(self, r: Request) -> None:
+        del self.requests[r.request_id]
         self._reserved_blocks -= self._blocks_needed(r)
         self.target.free(r.request_id)
         if self.drafter is not None:
             self.drafter.release(r.request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.requests)
 
     # ------------------------------------------------------------------ the round
-    def _draft_len(self, r: Request) -> int:
-        if self.drafter is None:
-            return 0
-        k = self.config.k if r.params.k is None else r.params.k
-        return max(0, min(k, r.room() - 1))
+    def draft_len(self, r: Request, k: int | None = None) -> int:
+        """Draft tokens this request may take this round: its k, capped by the room left."""
+        if k is None:
+            k = self.config.k if r.params.k is None else r.params.k
+        return max(0, min(k, self.config.max_k, r.room() - 1))
 
-    def _propose(self, reqs: list[Request]) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Drafts per request ([] where k == 0) and q [B, K, V] for them (None: one-hot drafts)."""
-        drafts: list[list[int]] = [[] for _ in reqs]
-        ks = [self._draft_len(r) for r in reqs]
-        chosen = [i for i, k in enumerate(ks) if k > 0]
+    def propose(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[RoundItem]:
+        """Drafts from the embedded drafter (none where k == 0 or there is no drafter)."""
+        chosen = [i for i, k in enumerate(ks) if k > 0] if self.drafter is not None else []
+        items = [RoundItem(r.request_id) for r in reqs]
         if not chosen:
-            return drafts, None
+            return items
         proposal = self.drafter.propose(
             [DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params) for i in chosen])
         for j, i in enumerate(chosen):
-            drafts[i] = proposal.token_ids[j][: ks[i]]
-        if proposal.probs is None:
-            return drafts, None
-        q = proposal.probs.new_zeros(len(reqs), *proposal.probs.shape[1:])
-        q[chosen] = proposal.probs
-        return drafts, q
+            drafts = proposal.token_ids[j][: ks[i]]
+            probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]
+            items[i] = RoundItem(reqs[i].request_id, drafts, probs)
+        return items
 
     def step(self) -> list[RequestOutput]:
-        """Run one round for every running request (admitting new ones first)."""
+        """Admit queued requests, then run one round for every running request."""
         self._admit()
         reqs = self.running
         if not reqs:
             return []
-        drafts, q = self._propose(reqs)
+        return self.run_round(self.propose(reqs, [self.draft_len(r) for r in reqs]))
+
+    def run_round(self, items: Sequence[RoundItem]) -> list[RequestOutput]:
+        """One target forward + verification for these requests (each at most once)."""
+        reqs = []
+        for it in items:
+            r = self.requests.get(it.request_id)
+            if r is None:
+                raise KeyError(f"request_id: {it.request_id!r} is not running")
+            if len(it.drafts) > self.draft_len(r, self.config.max_k):
+                raise ValueError(f"draft_tokens: {len(it.drafts)} drafts exceed what {it.request_id} may take")
+            reqs.append(r)
+        drafts = [list(it.drafts) for it in items]
         chunks = []
         for r, d in zip(reqs, drafts):
             unseen = r.token_ids[self.target.length(r.request_id):]
             chunks.append(Chunk(r.request_id, unseen + d, num_logits=1 + len(d)))
         logits = self.target.forward(chunks)                      # [sum(1 + n_i), V]
-        out, num_accepted = self._verify(reqs, drafts, q, logits)
+        out, num_accepted = self._verify(reqs, items, logits)
         outputs = []
         for r, d, row, a in zip(reqs, drafts, out.tolist(), num_accepted.tolist()):  # the round's host sync
             r.rounds += 1
@@ -152,22 +214,22 @@ class SpecDecoder:
             r.drafted += len(d)
             self.target.truncate(r.request_id, len(r.token_ids) + a)
             kept, delta = r.commit(row[: a + 1])
-            outputs.append(r.output(kept, delta))
+            outputs.append(r.output(kept, delta, a, len(d)))
             if r.finished:
                 self._finish(r)
-        self.running = [r for r in reqs if not r.finished]
         return outputs
 
-    def _verify(self, reqs: list[Request], drafts: list[list[int]], q: torch.Tensor | None,
+    def _verify(self, reqs: list[Request], items: Sequence[RoundItem],
                 logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dev = logits.device
         b = len(reqs)
-        kmax = max(len(d) for d in drafts)
-        num_draft = torch.tensor([len(d) for d in drafts], device=dev)
-        draft_ids = torch.tensor([d + [PLACEHOLDER_TOKEN_ID] * (kmax - len(d)) for d in drafts],
+        kmax = max(len(it.drafts) for it in items)
+        num_draft = torch.tensor([len(it.drafts) for it in items], device=dev)
+        draft_ids = torch.tensor([list(it.drafts) + [PLACEHOLDER_TOKEN_ID] * (kmax - len(it.drafts)) for it in items],
                                  dtype=torch.long, device=dev).view(b, kmax)
-        # rows of request i in the flat logits: starts[i] .. starts[i] + len(d_i); pad by repeating
-        starts = torch.tensor(list(itertools.accumulate([1 + len(d) for d in drafts], initial=0))[:-1], device=dev)
+        # rows of request i in the flat logits: starts[i] .. starts[i] + n_i; pad by repeating
+        starts = torch.tensor(list(itertools.accumulate([1 + len(it.drafts) for it in items], initial=0))[:-1],
+                              device=dev)
         offs = torch.minimum(torch.arange(kmax + 1, device=dev).unsqueeze(0), num_draft.unsqueeze(1))
         padded = logits[starts.unsqueeze(1) + offs]                # [B, K+1, V]
         out, num_accepted = greedy_verify(draft_ids, num_draft, padded.argmax(dim=-1))
@@ -182,12 +244,26 @@ class SpecDecoder:
             torch.tensor([p.top_k for p in params], device=dev).repeat_interleave(kmax + 1),
             torch.tensor([p.top_p for p in params], device=dev).repeat_interleave(kmax + 1),
         ).view(len(sampled), kmax + 1, -1)
+        q = self._draft_probs([items[i] for i in sampled], kmax, probs.shape[-1], dev)
         uniforms, noise = self._coins([reqs[i] for i in sampled], kmax, probs.shape[-1], dev)
-        s_out, s_acc = rejection_sample(draft_ids[sampled], num_draft[sampled], probs,
-                                        None if q is None else q[sampled, :kmax], uniforms, noise)
+        s_out, s_acc = rejection_sample(draft_ids[sampled], num_draft[sampled], probs, q, uniforms, noise)
         out[sampled] = s_out
         num_accepted[sampled] = s_acc
         return out, num_accepted
+
+    @staticmethod
+    def _draft_probs(items: Sequence[RoundItem], k: int, vocab: int, dev: torch.device) -> torch.Tensor | None:
+        """q [B, K, V] for sampled rows; rows without a distribution are one-hot at their drafts."""
+        if all(it.probs is None for it in items):
+            return None
+        q = torch.zeros(len(items), k, vocab, device=dev)
+        for i, it in enumerate(items):
+            n = len(it.drafts)
+            if it.probs is not None:
+                q[i, :n] = it.probs.to(dev)
+            elif n:
+                q[i, torch.arange(n, device=dev), torch.tensor(list(it.drafts), device=dev)] = 1.0
+        return q
 
     @staticmethod
     def _coins(reqs: list[Request], k: int, vocab: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

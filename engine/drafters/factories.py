@@ -16,9 +16,9 @@ def ngram(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
 def layer_skip(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
     from engine.drafters.model_drafter import ModelDrafter
 
-    if not 1 <= spec.size < target.config.num_layers:
+    if not 1 <= spec.size < target.total_layers:
         raise ValueError(f"draft: layerskip:{spec.size} must use fewer layers than the target's "
-                         f"{target.config.num_layers}")
+                         f"{target.total_layers}")
     return ModelDrafter.layer_skip(target.model, spec.size, config)
 
 

@@ -5,6 +5,8 @@ The drafter owns a ``ModelRunner`` with its own paged KV cache. Per call and req
 up on the committed tokens it has not seen (one batched forward, which is also its prefill),
 then (3) runs k-1 single-token steps. Greedy requests draft the argmax; sampled requests
 draw from q = the drafter's filtered distribution, which is sent along with the drafts.
+With ``top_m`` set, q is first cut to its m most likely tokens and renormalized: the drafter
+samples from exactly the distribution that crosses the wire, which keeps verification lossless.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.config import EngineConfig
@@ -24,7 +27,6 @@ from engine.sampling import probs_from_logits, sample_from_probs
 @dataclass
 class _State:
     cached: list[int] = field(default_factory=list)  # tokens whose KV this drafter holds
-    committed: int = 0  # tokens known committed at the last call (history never changes)
     generator: torch.Generator | None = None
 
 
@@ -33,6 +35,7 @@ class ModelDrafter:
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
+        self.top_m = config.draft_top_m
         self.runner = ModelRunner(model, config)
         self.target_vocab = target_vocab
         self._states: dict[str, _State] = {}
@@ -50,10 +53,9 @@ class ModelDrafter:
         st = self._states.setdefault(r.request_id, _State())
         tokens = r.token_ids
         limit = min(len(st.cached), len(tokens) - 1)  # always re-feed at least the last token
-        n = min(st.committed, limit)  # cached[:committed] are committed tokens: no need to compare
-        while n < limit and st.cached[n] == tokens[n]:
-            n += 1
-        st.committed = len(tokens)
+        # longest common prefix, vectorized (the context may also have been rolled back by the caller)
+        diff = np.flatnonzero(np.asarray(st.cached[:limit]) != np.asarray(tokens[:limit]))
+        n = int(diff[0]) if diff.size else limit
         if n < len(st.cached):
             self.runner.truncate(r.request_id, n)
             del st.cached[n:]
@@ -83,6 +85,8 @@ class ModelDrafter:
             torch.tensor([p.temperature for p in params], device=dev),
             torch.tensor([p.top_k for p in params], device=dev),
             torch.tensor([p.top_p for p in params], device=dev))
+        if self.top_m:
+            q_rows = _keep_top_m(q_rows, self.top_m)
         for row, i in enumerate(sampled):
             st = self._states[reqs[i].request_id]
             if st.generator is None:
@@ -117,3 +121,11 @@ class ModelDrafter:
                 self._states[requests[i].request_id].cached.append(drafts[i][-1])
                 chunks.append(Chunk(requests[i].request_id, [drafts[i][-1]]))
         return DraftProposal(token_ids=drafts, probs=probs)
+
+
+def _keep_top_m(q: torch.Tensor, m: int) -> torch.Tensor:
+    """q [N, V] -> the same rows restricted to their m most likely tokens, renormalized."""
+    if m >= q.shape[-1]:
+        return q
+    values, ids = q.topk(m, dim=-1)
+    return torch.zeros_like(q).scatter_(-1, ids, values / values.sum(-1, keepdim=True))

@@ -22,10 +22,11 @@ MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
-    config: ModelConfig
+    model: LlamaForCausalLM | None  # None when loaded with load_weights=False (tokenizer and config only)
+    config: ModelConfig             # of the loaded layers
     tokenizer: Tokenizer
     source: Path
+    total_layers: int               # layers in the checkpoint (config.num_layers may be fewer)
 
 
 def _build(arch: str, config: ModelConfig, weights, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
@@ -39,8 +40,9 @@ def _build(arch: str, config: ModelConfig, weights, device: torch.device, dtype:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               max_layers: int | None = None, progress: bool = True) -> LoadedModel:
-    """Load a Llama-family checkpoint. ``max_layers`` keeps only the first layers (smaller drafts)."""
+               max_layers: int | None = None, progress: bool = True, load_weights: bool = True) -> LoadedModel:
+    """Load a Llama-family checkpoint. ``max_layers`` keeps only the first layers (layer-skip
+    drafts); ``load_weights=False`` reads only the config and tokenizer."""
     path = Path(path)
     device = torch.device(device)
     if path.is_dir():
@@ -49,6 +51,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         config = hf_loader.model_config(path)
         arch = hf_loader.read_config(path)["model_type"]
         tokenizer = Tokenizer.from_hf_dir(path)
+        total = config.num_layers
         if max_layers is not None:
             config = config.truncated(max_layers)
         weights = hf_loader.iter_tensors(path, dtype, max_layers=max_layers, progress=progress)
@@ -59,14 +62,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         config = gguf_loader.model_config(f)
         arch = f.arch
         tokenizer = Tokenizer.from_gguf_metadata(f.metadata, source=str(path))
+        total = config.num_layers
         if max_layers is not None:
             config = config.truncated(max_layers)
         weights = gguf_loader.iter_tensors(f, config, dtype, max_layers=max_layers, progress=progress)
     else:
         raise FileNotFoundError(f"model: {path} is neither a GGUF file nor a Hugging Face directory")
+    if not load_weights:
+        return LoadedModel(model=None, config=config, tokenizer=tokenizer, source=path, total_layers=total)
     model = _build(arch, config, weights, device, dtype)
     if progress:
         n = sum(p.numel() for p in model.parameters())
         print(f"tandem: loaded {config.name} ({n / 1e6:.0f}M parameters, {config.num_layers} layers) "
               f"on {device} as {str(dtype).removeprefix('torch.')}", file=sys.stderr)
-    return LoadedModel(model=model, config=config, tokenizer=tokenizer, source=path)
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, source=path, total_layers=total)
