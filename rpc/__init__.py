@@ -1,0 +1,1 @@
+"""Shared gRPC plumbing for the Tandem services: tensors, servers, interceptors, telemetry."""

@@ -1,0 +1,22 @@
+"""Prometheus endpoint shared by the services."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import Gauge, start_http_server
+
+
+def serve_metrics(port: int | None, host: str = "0.0.0.0") -> int | None:
+    """Start /metrics on ``port`` (0: any free port); returns the port, or None when off."""
+    if port is None:
+        return None
+    server, _ = start_http_server(port, addr=host)
+    return server.server_port
+
+
+def engine_gauges(service: str, stats: Callable[[], dict[str, int]]) -> None:
+    """Gauges read from the engine on every scrape: running requests and KV blocks in use."""
+    for key, doc in (("running", "requests holding KV"), ("kv_blocks_used", "KV cache blocks in use"),
+                     ("kv_blocks_total", "KV cache blocks in all")):
+        Gauge(f"tandem_{service}_{key}", f"{service}: {doc}").set_function(lambda key=key: stats()[key])
