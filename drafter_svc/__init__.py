@@ -1,0 +1,1 @@
+"""The drafter service: any engine drafter behind tandem.v1.Drafter."""

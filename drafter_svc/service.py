@@ -1,0 +1,94 @@
+"""The drafter's engine side, free of gRPC.
+
+Per request it keeps the history it has been told (``history[:start] + tokens``) and lets the
+engine drafter catch up on it, rolling back its own rejected drafts. A ``start`` beyond the
+known history means this process has lost the request (restarted): it asks for a resync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.config import SamplingParams
+from engine.drafters.base import DraftRequest, Drafter
+
+
+class ResyncNeeded(Exception):
+    """The drafter does not hold this request's history: resend it from position 0."""
+
+
+@dataclass(frozen=True)
+class DraftItem:
+    request_id: str
+    start: int
+    tokens: list[int]
+    k: int
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None  # [len(tokens), V] q for sampled requests; None: one-hot
+
+
+class DrafterEngine:
+    def __init__(self, drafter: Drafter, vocab_size: int, max_k: int) -> None:
+        self.drafter = drafter
+        self.vocab = vocab_size
+        self.max_k = max_k
+        self.histories: dict[str, list[int]] = {}
+
+    def _update(self, it: DraftItem) -> None:
+        if it.k < 1 or it.k > self.max_k + 1:  # k + 1: the early draft also guesses the bonus token
+            raise ValueError(f"k: must be in [1, {self.max_k + 1}], got {it.k}")
+        if any(not 0 <= t < self.vocab for t in it.tokens):
+            raise ValueError(f"tokens: ids must be in [0, {self.vocab})")
+        history = self.histories.get(it.request_id, [])
+        if it.start > len(history):
+            raise ResyncNeeded(f"request_id: {it.request_id!r}: history has {len(history)} tokens, start is {it.start}")
+        if it.start + len(it.tokens) == 0:
+            raise ValueError("tokens: a request's history must not be empty")
+        self.histories[it.request_id] = history[: it.start] + it.tokens
+
+    def draft(self, items: Sequence[DraftItem | Exception]) -> list[Draft | Exception]:
+        results: list[Draft | Exception] = []
+        ok: list[int] = []
+        for i, it in enumerate(items):
+            if isinstance(it, Exception):
+                results.append(it)
+                continue
+            try:
+                if any(items[j].request_id == it.request_id for j in ok):
+                    raise ValueError(f"request_id: {it.request_id!r} appears twice in one batch")
+                self._update(it)
+                ok.append(i)
+                results.append(None)  # type: ignore[arg-type]
+            except (ValueError, ResyncNeeded) as exc:
+                results.append(exc)
+        if ok:
+            reqs = [DraftRequest(items[i].request_id, self.histories[items[i].request_id], items[i].k, items[i].params)
+                    for i in ok]
+            proposal = self.drafter.propose(reqs)
+            for j, i in enumerate(ok):
+                tokens = proposal.token_ids[j]
+                sampled = proposal.probs is not None and not items[i].params.greedy
+                results[i] = Draft(tokens, proposal.probs[j, : len(tokens)] if sampled else None)
+        return results
+
+    def release(self, ids: Sequence[str]) -> int:
+        n = 0
+        for rid in ids:
+            n += self.histories.pop(rid, None) is not None
+            self.drafter.release(rid)
+        return n
+
+    def stats(self) -> dict[str, int]:
+        runner = getattr(self.drafter, "runner", None)
+        alloc = runner.allocator if runner is not None else None
+        return {"running": len(self.histories),
+                "kv_blocks_used": alloc.num_blocks - alloc.free_blocks if alloc else 0,
+                "kv_blocks_total": alloc.num_blocks if alloc else 0}
