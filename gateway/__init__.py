@@ -1,0 +1,1 @@
+"""The gateway: client API, continuous batching, the round driver and its tracing."""

@@ -1,0 +1,52 @@
+"""Prometheus metrics of the gateway. Everything here is host data the round already has: no GPU sync."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.acceptance_length = Histogram("tandem_acceptance_length", "tokens committed per request per round",
+                                           buckets=tuple(range(1, 34)))
+        self.tokens = Counter("tandem_generated_tokens", "tokens streamed to clients")
+        self.tokens_per_s = Gauge("tandem_tokens_per_second", "tokens streamed per second over the last 10 s")
+        self.ttft = Histogram("tandem_time_to_first_token_seconds", "arrival to first token", buckets=_LATENCY)
+        self.itl = Histogram("tandem_inter_token_latency_seconds", "time between tokens of a stream",
+                             buckets=_LATENCY)
+        self.queue_depth = Gauge("tandem_queue_depth", "requests waiting for a batch slot")
+        self.batch_size = Gauge("tandem_batch_size", "requests in the last round")
+        self.rounds = Counter("tandem_rounds", "speculative rounds driven")
+        self.early = Counter("tandem_early_draft", "early drafts of round r+1 by outcome", ["outcome"])
+        self.early_hit_rate = Gauge("tandem_early_draft_hit_rate", "share of early drafts that were used")
+        self.requests = Counter("tandem_requests", "finished requests by finish reason", ["finish_reason"])
+        self.drafter_up = Gauge("tandem_drafter_available", "1 while the drafter answers, 0 while degraded")
+        self._window: deque[tuple[float, int]] = deque()
+        self._hits = self._misses = 0
+
+    def streamed(self, n: int, now: float) -> None:
+        self.tokens.inc(n)
+        self._window.append((now, n))
+        while self._window and self._window[0][0] < now - 10.0:
+            self._window.popleft()
+        span = max(now - self._window[0][0], 1.0)
+        self.tokens_per_s.set(sum(c for _, c in self._window) / span)
+
+    def early_outcome(self, hits: int, misses: int) -> None:
+        if hits:
+            self.early.labels("hit").inc(hits)
+        if misses:
+            self.early.labels("miss").inc(misses)
+        self._hits += hits
+        self._misses += misses
+        if self._hits + self._misses:
+            self.early_hit_rate.set(self._hits / (self._hits + self._misses))
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()

@@ -1,0 +1,210 @@
+"""Continuous batching: requests join and leave at round boundaries; one task drives the rounds.
+
+Each loop iteration: release what left (finished or cancelled), admit waiting requests up
+to the batch size and prefill them, then run one round for everything running. Every round
+gets a ``spec.round`` span (the Draft/Verify/Step RPC spans are its children); every request
+gets a ``tandem.request`` span linked to the rounds it took part in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Protocol, Sequence
+
+import grpc
+from opentelemetry import trace
+
+from engine.request import FinishReason
+from gateway.clients import Verdict
+from gateway.metrics import GatewayMetrics
+from gateway.requests import Event, GatewayRequest
+from gateway.rounds import RoundReport
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("tandem.gateway")
+tracer = trace.get_tracer("tandem.gateway")
+
+
+class Overloaded(Exception):
+    """The queue is full: the request is refused before any work is queued."""
+
+
+class RoundDriver(Protocol):
+    mode: str
+    drafter_up: bool
+
+    async def prefill(self, reqs: Sequence[GatewayRequest]) -> list[Verdict]: ...
+
+    async def round(self, reqs: Sequence[GatewayRequest]) -> RoundReport: ...
+
+    async def release(self, ids: Sequence[str]) -> None: ...
+
+
+class Scheduler:
+    def __init__(self, driver: RoundDriver, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.driver = driver
+        self.s = settings
+        self.m = metrics
+        self.waiting: deque[GatewayRequest] = deque()
+        self.running: dict[str, GatewayRequest] = {}
+        self._leaving: list[str] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # ---------------------------------------------------------------- the client side
+    def submit(self, r: GatewayRequest) -> None:
+        if r.request_id in self.running or any(w.request_id == r.request_id for w in self.waiting):
+            raise ValueError(f"request_id: {r.request_id!r} is already in flight")
+        if len(self.waiting) >= self.s.max_queue + max(0, self.s.max_batch_size - len(self.running)):
+            raise Overloaded(f"queue full ({len(self.waiting)} waiting, {len(self.running)} running)")
+        r.span = tracer.start_span("tandem.request", attributes={
+            "tandem.request_id": r.request_id, "tandem.prompt_tokens": len(r.prompt_ids),
+            "tandem.max_tokens": r.params.max_tokens, "tandem.temperature": r.params.temperature})
+        self.waiting.append(r)
+        self.m.queue_depth.set(len(self.waiting))
+        self._wake.set()
+
+    def cancel(self, r: GatewayRequest) -> None:
+        """The client went away (cancelled, deadline): free its KV on both services."""
+        if r.finished:
+            return
+        r.finish_reason = FinishReason.ABORT
+        if r in self.waiting:
+            self.waiting.remove(r)
+            self._end(r, release=False)
+        elif r.request_id in self.running:
+            del self.running[r.request_id]
+            self._end(r, release=True)
+        self._wake.set()
+
+    # ---------------------------------------------------------------- the loop
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="round-driver")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            if not (self.waiting or self.running or self._leaving):
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                await self._release()
+                await self._admit()
+                if self.running:
+                    await self._round(list(self.running.values()))
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:  # the verifier failed: fail the requests in flight
+                log.error("verifier call failed: %s: %s", exc.code().name, exc.details())
+                for r in list(self.running.values()):
+                    self._fail(r, exc.code(), f"verifier failed: {exc.details()}")
+            except Exception:
+                log.exception("round failed")
+                for r in list(self.running.values()):
+                    self._fail(r, grpc.StatusCode.INTERNAL, "internal error in the round driver")
+
+    async def _release(self) -> None:
+        if self._leaving:
+            ids, self._leaving = self._leaving, []
+            try:
+                await self.driver.release(ids)
+            except grpc.aio.AioRpcError as exc:  # a verifier that is gone holds no KV worth freeing
+                log.warning("release of %d requests failed: %s", len(ids), exc.code().name)
+
+    async def _admit(self) -> None:
+        new = []
+        while self.waiting and len(self.running) + len(new) < self.s.max_batch_size:
+            new.append(self.waiting.popleft())
+        self.m.queue_depth.set(len(self.waiting))
+        if not new:
+            return
+        for r in new:
+            self.running[r.request_id] = r
+        with tracer.start_as_current_span("spec.prefill", attributes={
+                "spec.batch_size": len(new), "spec.request_ids": [r.request_id for r in new]}):
+            verdicts = await self.driver.prefill(new)
+        self._apply(new, verdicts)
+
+    async def _round(self, reqs: list[GatewayRequest]) -> None:
+        with tracer.start_as_current_span("spec.round") as span:
+            report = await self.driver.round(reqs)
+            accepted = [v.accepted for v in report.verdicts]
+            committed = [len(v.committed) for v in report.verdicts if not v.error]
+            tau = sum(committed) / len(committed) if committed else 0.0
+            span.set_attributes({
+                "spec.mode": self.driver.mode, "spec.batch_size": len(reqs),
+                "spec.request_ids": [r.request_id for r in reqs], "spec.k": report.drafted,
+                "spec.accepted": accepted, "spec.acceptance_length": tau,
+                "spec.draft_ms": report.draft_ms, "spec.verify_ms": report.verify_ms, "spec.wait_ms": report.wait_ms,
+                "spec.early_draft_hits": report.early_hits, "spec.early_draft_misses": report.early_misses,
+                "spec.drafter_available": self.driver.drafter_up})
+            link = span.get_span_context()
+        for r in reqs:
+            if r.span is not None:
+                r.span.add_link(link)
+        self.m.rounds.inc()
+        self.m.batch_size.set(len(reqs))
+        self.m.drafter_up.set(1 if self.driver.drafter_up else 0)
+        self.m.early_outcome(report.early_hits, report.early_misses)
+        for n in committed:
+            self.m.acceptance_length.observe(n)
+        for note in report.notes:
+            log.warning(note)
+        self._apply(reqs, report.verdicts)
+
+    # ---------------------------------------------------------------- outcomes
+    def _apply(self, reqs: Sequence[GatewayRequest], verdicts: Sequence[Verdict]) -> None:
+        by_id = {v.request_id: v for v in verdicts}
+        now = self.m.now()
+        for r in reqs:
+            if r.finished:  # cancelled while the round ran: its output is dropped
+                continue
+            v = by_id.get(r.request_id)
+            if v is None or v.error:
+                code = v.error_code if v is not None and v.error_code else grpc.StatusCode.INTERNAL
+                self._fail(r, code, v.error if v is not None else "no verdict for this request")
+                continue
+            r.rounds += 1
+            r.accepted += v.accepted
+            r.drafted += v.drafted
+            r.output_ids += v.committed
+            if v.committed:
+                if r.first_token_at is None:
+                    r.first_token_at = now
+                    self.m.ttft.observe(now - r.arrival)
+                elif r.last_token_at is not None:
+                    gap = (now - r.last_token_at) / len(v.committed)
+                    for _ in v.committed:
+                        self.m.itl.observe(gap)
+                r.last_token_at = now
+                self.m.streamed(len(v.committed), now)
+            r.finish_reason = v.finish_reason
+            r.events.put_nowait(Event(v.committed, v.text, v.finish_reason))
+            if r.finished:
+                del self.running[r.request_id]
+                self._end(r, release=True)
+
+    def _fail(self, r: GatewayRequest, code: grpc.StatusCode, message: str) -> None:
+        r.finish_reason = FinishReason.ABORT
+        self.running.pop(r.request_id, None)
+        r.events.put_nowait(Event(error=(code, message)))
+        self._end(r, release=True)
+
+    def _end(self, r: GatewayRequest, release: bool) -> None:
+        if release:
+            self._leaving.append(r.request_id)
+        self.m.requests.labels(r.finish_reason.value if r.finish_reason else "error").inc()
+        if r.span is not None:
+            r.span.set_attributes({"tandem.completion_tokens": len(r.output_ids), "tandem.rounds": r.rounds,
+                                   "tandem.accepted_tokens": r.accepted,
+                                   "tandem.finish_reason": r.finish_reason.value if r.finish_reason else "error"})
+            r.span.end()

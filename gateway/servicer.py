@@ -1,0 +1,61 @@
+"""tandem.v1.Gateway: validate, queue, stream. Everything else happens in the scheduler."""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.requests import Event, GatewayRequest, RequestBuilder
+from gateway.scheduler import Overloaded, Scheduler
+from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
+from rpc import convert, tensors
+
+
+def _response(r: GatewayRequest, e: Event) -> gateway_pb2.GenerateResponse:
+    resp = gateway_pb2.GenerateResponse(request_id=r.request_id, text=e.text,
+                                        token_ids=tensors.encode(e.token_ids, "int32"),
+                                        finish_reason=convert.finish_to_pb(e.finish_reason))
+    if e.finish_reason is not None:
+        resp.usage.CopyFrom(r.usage())
+    return resp
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, builder: RequestBuilder, scheduler: Scheduler) -> None:
+        self.builder = builder
+        self.scheduler = scheduler
+
+    async def _start(self, request, context) -> GatewayRequest:
+        try:
+            r = self.builder.build(request)
+            self.scheduler.submit(r)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Overloaded as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return r
+
+    async def _events(self, r: GatewayRequest, context):
+        try:
+            while True:
+                e: Event = await r.events.get()
+                if e.error is not None:
+                    await context.abort(*e.error)
+                yield e
+                if e.finish_reason is not None:
+                    return
+        finally:
+            self.scheduler.cancel(r)  # no-op once finished; frees KV when the client went away
+
+    async def Generate(self, request, context):
+        r = await self._start(request, context)
+        async for e in self._events(r, context):
+            yield _response(r, e)
+
+    async def GenerateUnary(self, request, context):
+        r = await self._start(request, context)
+        ids, text, last = [], [], None
+        async for e in self._events(r, context):
+            ids += e.token_ids
+            text.append(e.text)
+            last = e
+        return _response(r, Event(ids, "".join(text), last.finish_reason))

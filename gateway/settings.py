@@ -1,0 +1,31 @@
+"""Gateway settings (TANDEM_* environment variables; flags override)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from rpc.settings import ServerSettings
+
+
+class GatewaySettings(ServerSettings):
+    gateway_port: int = Field(50051, ge=0, le=65535, description="gRPC port of the gateway")
+    verifier_address: str = Field("localhost:50052", description="host:port of the verifier")
+    drafter_address: str = Field("localhost:50053", description="host:port of the drafter (split mode)")
+    colocated: bool = Field(False, description="the verifier drafts itself (Step); no drafter service")
+    model: str | None = Field(None, description="model whose tokenizer and chat template the gateway uses")
+    k: int = Field(4, ge=0, le=32, description="default draft tokens per round")
+    max_k: int = Field(8, ge=0, le=32, description="largest k a request may ask for")
+    max_batch_size: int = Field(64, ge=1, description="requests per round")
+    max_queue: int = Field(256, ge=0, description="requests waiting beyond the batch before RESOURCE_EXHAUSTED")
+    max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
+    max_prompt_bytes: int = Field(1 << 20, ge=1, description="largest prompt (text, messages or ids) in bytes")
+    draft_timeout_s: float = Field(2.0, gt=0, description="deadline of a Draft RPC; late drafts mean plain decoding")
+    verify_timeout_s: float = Field(120.0, gt=0, description="deadline of Prefill/Verify/Step RPCs")
+    early_draft: bool = Field(True, description="draft round r+1 while round r is verified (split mode)")
+    drafter_probe_s: float = Field(1.0, gt=0, description="health-check period of a drafter that is down")
+
+    @model_validator(mode="after")
+    def _k_within_max(self):
+        if self.k > self.max_k:
+            raise ValueError(f"k ({self.k}) must not exceed max_k ({self.max_k})")
+        return self
