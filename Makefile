@@ -20,12 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/tandem generate --chat --max-tokens 96 \
-	  --prompt "Explain speculative decoding in three sentences."
-	$(BIN)/tandem generate --chat --max-tokens 128 --draft ngram --k 4 --json \
-	  --prompt "Write a Python function that checks whether a number is prime, then test it on 1, 2 and 9."
+	$(BIN)/tandem demo
 
 test: setup
+	$(BIN)/python -m protos.generate --check
 	$(BIN)/python -m pytest -q tests --ignore=tests/gpu $(PYTEST_ARGS)
 
 clean:

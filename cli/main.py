@@ -11,6 +11,12 @@ COMMANDS = {
     "generate": "cli.generate",
     "fetch": "cli.fetch",
     "bench": "cli.bench",
+    "serve": "cli.serve",
+    "client": "cli.client",
+    "demo": "cli.demo",
+    "verifier": "cli.services",
+    "drafter": "cli.services",
+    "gateway": "cli.services",
 }
 
 
@@ -20,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tandem: speculative decoding. A small drafter proposes tokens, the target model "
                     "verifies them in one pass; the output is exactly the target's.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in COMMANDS.items():
+    for module in dict.fromkeys(COMMANDS.values()):  # a module may add several subcommands
         importlib.import_module(module).add_parser(sub)
     return parser
 

@@ -1,0 +1,100 @@
+"""``tandem client``: stream one answer from a gateway; prints the same JSON as ``tandem generate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from cli.options import add_sampling_args, sampling_params
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "client", help="stream an answer from a running gateway",
+        description="Send one prompt to a Tandem gateway and stream the answer. Takes the same prompt, "
+                    "sampling and --json flags as `tandem generate` and prints the same JSON summary.")
+    p.add_argument("--address", default="localhost:50051", help="gateway host:port (default localhost:50051)")
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
+    p.add_argument("--system", help="system message (with --chat)")
+    p.add_argument("--k", type=int, help="draft tokens per round for this request (default: the server's)")
+    p.add_argument("--timeout", type=float, default=600.0, help="deadline of the call in seconds (default 600)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    add_sampling_args(p)
+    p.set_defaults(run=run)
+
+
+def build_request(args: argparse.Namespace):
+    from protos.tandem.v1 import gateway_pb2
+    from rpc import convert
+
+    params = sampling_params(args)
+    req = gateway_pb2.GenerateRequest(sampling=convert.sampling_to_pb(params))
+    if args.k is not None:
+        req.sampling.k = args.k
+    if args.chat:
+        msgs = ([gateway_pb2.ChatMessage(role="system", content=args.system)] if args.system else [])
+        msgs.append(gateway_pb2.ChatMessage(role="user", content=args.prompt))
+        req.messages.messages.extend(msgs)
+    else:
+        if args.system:
+            raise ValueError("system: only meaningful with --chat")
+        req.text = args.prompt
+    return req
+
+
+async def stream(address: str, request, timeout: float, out=sys.stdout) -> dict:
+    """Call Generate and stream the text to ``out``; returns the summary dict."""
+    import grpc
+
+    from protos.tandem.v1 import gateway_pb2_grpc
+    from rpc import convert, tensors
+
+    start = time.perf_counter()
+    first = None
+    ids: list[int] = []
+    text = ""
+    last = None
+    async with grpc.aio.insecure_channel(address) as ch:
+        async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(request, timeout=timeout):
+            new = tensors.token_ids(resp.token_ids, "token_ids")
+            if new and first is None:
+                first = time.perf_counter() - start
+            ids += new
+            text += resp.text
+            if out is not None:
+                out.write(resp.text)
+                out.flush()
+            last = resp
+    elapsed = time.perf_counter() - start
+    u = last.usage
+    return {"text": text, "token_ids": ids,
+            "finish_reason": (convert.finish_from_pb(last.finish_reason).value
+                              if convert.finish_from_pb(last.finish_reason) else None),
+            "prompt_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens, "rounds": u.rounds,
+            "accepted": u.accepted_tokens, "drafted": u.draft_tokens,
+            "acceptance_length": round(u.acceptance_length, 4),
+            "tokens_per_s": round(len(ids) / elapsed, 2) if elapsed > 0 else 0.0,
+            "time_to_first_token_s": round(first or 0.0, 4), "elapsed_s": round(elapsed, 4),
+            "request_id": last.request_id, "address": address}
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import grpc
+
+    try:
+        summary = asyncio.run(stream(args.address, build_request(args), args.timeout))
+    except grpc.aio.AioRpcError as exc:
+        print(f"tandem client: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    sys.stdout.write("\n")
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False))
+    else:
+        print(f"[{summary['output_tokens']} tokens, {summary['rounds']} rounds, acceptance length "
+              f"{summary['acceptance_length']:.2f}, {summary['tokens_per_s']:.1f} tok/s]", file=sys.stderr)
+    return 0

@@ -1,0 +1,71 @@
+"""``tandem serve``: the whole stack on this machine, as separate processes; Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from cli.stack import Stack, StackConfig
+
+
+def add_stack_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=50051,
+                   help="gateway port; the verifier takes PORT+1 and the drafter PORT+2 (default 50051)")
+    p.add_argument("--colocated", action="store_true",
+                   help="no drafter service: the verifier drafts itself and runs whole rounds (Step)")
+    p.add_argument("--draft", default="ngram", help="ngram[:N], layerskip:N or a draft model PATH (default ngram)")
+    p.add_argument("--model", help="target GGUF file or Hugging Face directory (default SmolLM2)")
+    p.add_argument("--device", help="cpu or cuda[:N] (default cuda when present)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--k", type=int, help="default draft tokens per round")
+    p.add_argument("--max-k", type=int, help="largest k a request may ask for")
+    p.add_argument("--kv-cache-tokens", type=int, help="KV capacity of the verifier and the drafter")
+    p.add_argument("--metrics-port", type=int,
+                   help="Prometheus port of the gateway (verifier +1, drafter +2); default off")
+
+
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    return StackConfig(port=args.port, colocated=args.colocated, draft=args.draft, model=args.model,
+                       device=args.device, dtype=args.dtype, k=args.k, max_k=args.max_k,
+                       kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="run gateway, verifier and drafter on this machine",
+                       description="Start the gateway, the verifier and (split mode) the drafter as separate "
+                                   "processes, wait until all report SERVING, and stop them all on Ctrl-C. "
+                                   "Settings not given as flags come from TANDEM_* variables.")
+    add_stack_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = Stack(stack_config(args))
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack.start()
+    try:
+        stack.wait_ready()
+        mode = "co-located" if args.colocated else "split"
+        print(f"tandem serve: ready at {stack.gateway_address} ({mode}; services: "
+              + ", ".join(f"{n} pid {p.pid}" for n, p in stack.procs.items()) + "). Ctrl-C stops.", flush=True)
+        while not stopping:
+            for name, p in stack.procs.items():
+                if p.poll() is not None and name != "drafter":
+                    print(f"tandem serve: {name} exited with code {p.returncode}; stopping", file=sys.stderr)
+                    stopping = True
+            time.sleep(0.5)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"tandem serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()
+    return 0

@@ -1,0 +1,125 @@
+"""The whole stack on one machine as separate processes: gateway, verifier and (split mode) drafter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StackConfig:
+    port: int = 50051                # the gateway's
+    verifier_port: int | None = None  # default port + 1
+    drafter_port: int | None = None   # default port + 2
+    colocated: bool = False
+    draft: str = "ngram"
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    k: int | None = None
+    max_k: int | None = None
+    kv_cache_tokens: int | None = None
+    metrics_port: int | None = None  # gateway; verifier +1, drafter +2
+    extra_env: dict[str, str] = field(default_factory=dict)
+    gateway_flags: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"gateway": self.port, "verifier": self.verifier_port or self.port + 1,
+                "drafter": self.drafter_port or self.port + 2}
+
+
+def _flags(**values) -> list[str]:
+    out = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        out += [flag] if value is True else ["--no-" + flag[2:]] if value is False else [flag, str(value)]
+    return out
+
+
+class Stack:
+    """Start, health-check and stop the service processes."""
+
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def gateway_address(self) -> str:
+        return f"localhost:{self.cfg.port}"
+
+    def commands(self) -> dict[str, list[str]]:
+        c = self.cfg
+        base = [sys.executable, "-m", "cli.main"]
+        engine = dict(model=c.model, device=c.device, dtype=c.dtype, k=c.k, max_k=c.max_k,
+                      kv_cache_tokens=c.kv_cache_tokens)
+        mp = c.metrics_port
+        ports = c.ports
+        cmds = {
+            "verifier": base + ["verifier"] + _flags(verifier_port=ports["verifier"],
+                                                   draft=c.draft if c.colocated else "none",
+                                                   metrics_port=None if mp is None else mp + 1, **engine),
+            "gateway": base + ["gateway"] + _flags(**{
+                "gateway_port": c.port, "verifier_address": f"localhost:{ports['verifier']}",
+                "drafter_address": f"localhost:{ports['drafter']}", "colocated": c.colocated, "model": c.model,
+                "k": c.k, "max_k": c.max_k, "metrics_port": mp, **c.gateway_flags}),
+        }
+        if not c.colocated:
+            cmds["drafter"] = base + ["drafter"] + _flags(drafter_port=ports["drafter"], draft=c.draft,
+                                                        metrics_port=None if mp is None else mp + 2, **engine)
+        return cmds
+
+    def start(self) -> None:
+        env = {**os.environ, **self.cfg.extra_env}
+        for name, cmd in self.commands().items():
+            self.procs[name] = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def start_one(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(self.commands()[name], env={**os.environ, **self.cfg.extra_env},
+                                            start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout_s
+        ports = self.cfg.ports
+        for name in sorted(self.procs, key=lambda n: n == "gateway"):  # the gateway waits for the others
+            with grpc.insecure_channel(f"localhost:{ports[name]}") as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                while True:
+                    if self.procs[name].poll() is not None:
+                        raise RuntimeError(f"{name} exited with code {self.procs[name].returncode} while starting")
+                    try:
+                        if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
+                                health_pb2.HealthCheckResponse.SERVING:
+                            break
+                    except grpc.RpcError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{name} did not become SERVING within {timeout_s:.0f} s")
+                    time.sleep(0.25)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        p = self.procs[name]
+        if p.poll() is None:
+            os.killpg(p.pid, sig)
+            p.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

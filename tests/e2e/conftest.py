@@ -1,0 +1,97 @@
+"""Real processes on loopback: stacks of gateway / verifier / drafter started with `python -m cli.main`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import urllib.request
+
+import grpc
+import pytest
+
+from cli.stack import Stack, StackConfig
+from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
+from rpc import tensors
+
+
+def free_block(n: int) -> int:
+    """A base port with n consecutive free ports after it."""
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def start_stack(**overrides) -> Stack:
+    cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), device="cpu", kv_cache_tokens=8192,
+                      **overrides)
+    stack = Stack(cfg)
+    stack.start()
+    try:
+        stack.wait_ready(timeout_s=300)
+    except Exception:
+        stack.stop()
+        raise
+    return stack
+
+
+def metrics(stack: Stack, service: str) -> dict[str, float]:
+    """Scrape a service's /metrics into {name{labels}: value}."""
+    port = stack.cfg.metrics_port + {"gateway": 0, "verifier": 1, "drafter": 2}[service]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def chat_request(text: str, max_tokens: int = 32, **sampling) -> gateway_pb2.GenerateRequest:
+    req = gateway_pb2.GenerateRequest()
+    req.messages.messages.append(gateway_pb2.ChatMessage(role="user", content=text))
+    req.sampling.max_tokens = max_tokens
+    for k, v in sampling.items():
+        setattr(req.sampling, k, v)
+    return req
+
+
+async def generate(address: str, req: gateway_pb2.GenerateRequest, timeout: float = 300) -> tuple[list[int], str, object]:
+    """Stream one request; returns (token ids, text, last response)."""
+    ids, text, last = [], "", None
+    async with grpc.aio.insecure_channel(address) as ch:
+        async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(req, timeout=timeout):
+            ids += tensors.token_ids(resp.token_ids, "token_ids")
+            text += resp.text
+            last = resp
+    return ids, text, last
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def split_stack():
+    stack = start_stack(draft="ngram", k=4)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def colocated_stack():
+    stack = start_stack(draft="ngram", k=4, colocated=True)
+    yield stack
+    stack.stop()

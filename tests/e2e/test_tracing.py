@@ -1,0 +1,83 @@
+"""Traces from the three services reach a real OTLP/gRPC receiver: one span per round, linked end to end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.e2e.conftest import chat_request, generate, run, start_stack
+from tests.otlp_receiver import OtlpReceiver
+
+ROUND_ATTRS = ("spec.batch_size", "spec.k", "spec.accepted", "spec.acceptance_length", "spec.draft_ms",
+               "spec.verify_ms", "spec.wait_ms", "spec.request_ids")
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """A split stack with the layer-skip drafter (sampled drafts carry their distribution), traced."""
+    with OtlpReceiver() as rx:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true",
+               "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        stack = start_stack(draft="layerskip:4", k=3, extra_env=env)
+        try:
+            async def both():
+                return await asyncio.gather(
+                    generate(stack.gateway_address, chat_request("Name three rivers.", 24, ignore_eos=True)),
+                    generate(stack.gateway_address, chat_request("Write a limerick.", 24, ignore_eos=True,
+                                                                 temperature=0.7, seed=5)))
+            results = run(both())
+        finally:
+            stack.stop()  # SIGTERM: each service flushes its spans on the way out
+        spans = rx.wait_for(lambda s: {x.service_name for x in s} >= {"tandem-gateway", "tandem-verifier",
+                                                                       "tandem-drafter"}
+                            and sum(x.name == "tandem.request" for x in s) == 2)
+        yield results, spans
+
+
+def test_every_service_exports_under_its_own_name(traced):
+    _, spans = traced
+    assert {s.service_name for s in spans} == {"tandem-gateway", "tandem-verifier", "tandem-drafter"}
+
+
+def test_one_round_span_per_round_with_attributes(traced):
+    results, spans = traced
+    rounds = {s.span_id: s for s in spans if s.name == "spec.round"}
+    requests = {s.attributes["tandem.request_id"]: s for s in spans if s.name == "tandem.request"}
+    for ids, _, last in results:
+        req = requests[last.request_id]
+        linked = [rounds[span_id] for _, span_id in req.links]
+        # usage.rounds counts the prefill too; every later round has one span, linked from the request
+        assert len(linked) == last.usage.rounds - 1 > 0
+        assert all(last.request_id in r.attributes["spec.request_ids"] for r in linked)
+        accepted = sum(r.attributes["spec.accepted"][r.attributes["spec.request_ids"].index(last.request_id)]
+                       for r in linked)
+        assert accepted == last.usage.accepted_tokens
+    for r in rounds.values():
+        assert set(ROUND_ATTRS) <= set(r.attributes), r.attributes
+        n = r.attributes["spec.batch_size"]
+        assert len(r.attributes["spec.k"]) == len(r.attributes["spec.accepted"]) == n
+        assert r.attributes["spec.verify_ms"] > 0 and r.attributes["spec.acceptance_length"] >= 1.0
+    assert sum(len(req.links) for req in requests.values()) >= len(rounds)  # no round without a request
+
+
+def test_rpc_spans_are_children_across_services(traced):
+    _, spans = traced
+    by_id = {s.span_id: s for s in spans}
+    rounds = [s for s in spans if s.name == "spec.round"]
+    for method, service in (("tandem.v1.Verifier/Verify", "tandem-verifier"),
+                            ("tandem.v1.Drafter/Draft", "tandem-drafter")):
+        servers = [s for s in spans if s.name == method and s.kind == "SERVER"]
+        assert servers, f"no {method} server spans"
+        for srv in servers:
+            assert srv.service_name == service
+            client = by_id[srv.parent_span_id]           # continued from the gateway's client span
+            assert client.kind == "CLIENT" and client.service_name == "tandem-gateway"
+            assert client.trace_id == srv.trace_id
+            parent = by_id[client.parent_span_id]         # which belongs to a round (or the prefill)
+            assert parent.name in ("spec.round", "spec.prefill")
+    verify_parents = {by_id[by_id[s.parent_span_id].parent_span_id].span_id
+                      for s in spans if s.name == "tandem.v1.Verifier/Verify" and s.kind == "SERVER"}
+    assert verify_parents == {r.span_id for r in rounds}  # every round verified exactly once
+    prefills = [s for s in spans if s.name == "tandem.v1.Verifier/Prefill" and s.kind == "SERVER"]
+    assert prefills and all(by_id[by_id[p.parent_span_id].parent_span_id].name == "spec.prefill" for p in prefills)
