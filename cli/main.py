@@ -11,6 +11,7 @@ COMMANDS = {
     "generate": "cli.generate",
     "fetch": "cli.fetch",
     "bench": "cli.bench",
+    "bench-services": "cli.bench_services",
     "serve": "cli.serve",
     "client": "cli.client",
     "demo": "cli.demo",

@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+
+
+def free_block(n: int) -> int:
+    """A base port with n consecutive free ports after it."""
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free block of ports")
 
 
 @dataclass
@@ -105,6 +126,12 @@ class Stack:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{name} did not become SERVING within {timeout_s:.0f} s")
                     time.sleep(0.25)
+
+    def metrics(self, service: str) -> dict[str, float]:
+        """Scrape a service's Prometheus endpoint (needs cfg.metrics_port)."""
+        from rpc.metrics import scrape
+
+        return scrape(self.cfg.metrics_port + {"gateway": 0, "verifier": 1, "drafter": 2}[service])
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs[name]

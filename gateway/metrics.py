@@ -22,6 +22,11 @@ class GatewayMetrics:
         self.queue_depth = Gauge("tandem_queue_depth", "requests waiting for a batch slot")
         self.batch_size = Gauge("tandem_batch_size", "requests in the last round")
         self.rounds = Counter("tandem_rounds", "speculative rounds driven")
+        self.round_seconds = Histogram("tandem_round_seconds", "wall time of a round at the gateway",
+                                       buckets=_LATENCY)
+        self.round_phase = Histogram("tandem_round_phase_seconds",
+                                     "draft: waiting for Draft before Verify; verify: the Verify/Step call; "
+                                     "wait: waiting for the early draft after Verify", ["phase"], buckets=_LATENCY)
         self.early = Counter("tandem_early_draft", "early drafts of round r+1 by outcome", ["outcome"])
         self.early_hit_rate = Gauge("tandem_early_draft_hit_rate", "share of early drafts that were used")
         self.requests = Counter("tandem_requests", "finished requests by finish reason", ["finish_reason"])

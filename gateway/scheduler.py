@@ -135,6 +135,7 @@ class Scheduler:
         self._apply(new, verdicts)
 
     async def _round(self, reqs: list[GatewayRequest]) -> None:
+        t0 = self.m.now()
         with tracer.start_as_current_span("spec.round") as span:
             report = await self.driver.round(reqs)
             accepted = [v.accepted for v in report.verdicts]
@@ -152,6 +153,9 @@ class Scheduler:
             if r.span is not None:
                 r.span.add_link(link)
         self.m.rounds.inc()
+        self.m.round_seconds.observe(self.m.now() - t0)
+        for phase, ms in (("draft", report.draft_ms), ("verify", report.verify_ms), ("wait", report.wait_ms)):
+            self.m.round_phase.labels(phase).observe(ms / 1e3)
         self.m.batch_size.set(len(reqs))
         self.m.drafter_up.set(1 if self.driver.drafter_up else 0)
         self.m.early_outcome(report.early_hits, report.early_misses)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 from typing import Callable
 
 from prometheus_client import Gauge, start_http_server
@@ -20,3 +21,14 @@ def engine_gauges(service: str, stats: Callable[[], dict[str, int]]) -> None:
     for key, doc in (("running", "requests holding KV"), ("kv_blocks_used", "KV cache blocks in use"),
                      ("kv_blocks_total", "KV cache blocks in all")):
         Gauge(f"tandem_{service}_{key}", f"{service}: {doc}").set_function(lambda key=key: stats()[key])
+
+
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
+    """Read a /metrics page into {'name{labels}': value}."""
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out

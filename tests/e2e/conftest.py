@@ -3,35 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import socket
-import urllib.request
 
 import grpc
 import pytest
 
-from cli.stack import Stack, StackConfig
+from cli.stack import Stack, StackConfig, free_block
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc import tensors
-
-
-def free_block(n: int) -> int:
-    """A base port with n consecutive free ports after it."""
-    for _ in range(200):
-        base = random.randint(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 def start_stack(**overrides) -> Stack:
@@ -48,15 +26,7 @@ def start_stack(**overrides) -> Stack:
 
 
 def metrics(stack: Stack, service: str) -> dict[str, float]:
-    """Scrape a service's /metrics into {name{labels}: value}."""
-    port = stack.cfg.metrics_port + {"gateway": 0, "verifier": 1, "drafter": 2}[service]
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return stack.metrics(service)
 
 
 def chat_request(text: str, max_tokens: int = 32, **sampling) -> gateway_pb2.GenerateRequest:

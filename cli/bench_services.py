@@ -1,0 +1,49 @@
+"""``tandem bench-services``: per-round cost of split vs co-located serving, with and without early drafts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench-services", help="measure the per-round cost of split vs co-located serving",
+        description="Start the real stack for each configuration (co-located; split with early drafts; split "
+                    "without), run waves of concurrent greedy requests (ShareGPT prompts, training split) and "
+                    "report per-round times from the gateway's own metrics. Writes bench/results/<name>.json.")
+    p.add_argument("--name", required=True)
+    p.add_argument("--draft", default="ngram", help="drafter for every configuration (default ngram)")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--batch-sizes", default="1,32", help="comma-separated (default 1,32)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--waves", type=int, default=2, help="batches per batch size (default 2)")
+    p.add_argument("--device")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--out-dir", default="bench/results")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.datasets import sharegpt
+    from bench.run import environment
+    from bench.services import ServiceCase, markdown, run_case
+
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    prompts = [c.first_user_text for c in sharegpt(split="train", limit=400)
+               if c.first_user_text and len(c.first_user_text) < 1500][: max(sizes) * args.waves]
+    env = environment()
+    rows = []
+    for case in (ServiceCase("colocated", False), ServiceCase("split", True), ServiceCase("split", False)):
+        for row in run_case(case, args.draft, args.k, sizes, prompts, args.max_tokens, args.device, args.dtype,
+                            args.waves):
+            row.update(env)
+            print(json.dumps({k: row[k] for k in ("mode", "early_draft", "batch_size", "round_ms", "tokens_per_s")}),
+                  flush=True)
+            rows.append(row)
+    out = Path(args.out_dir) / f"{args.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"\n{env['gpu'] or env['cpu']}, commit {env['commit']}: {env['command']}\n\n{markdown(rows)}\n\nwrote {out}")
+    return 0

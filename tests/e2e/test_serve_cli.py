@@ -1,0 +1,61 @@
+"""`tandem serve` and `tandem client` as a user runs them: same JSON as `tandem generate`; Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from cli.stack import free_block
+from engine.config import SamplingParams
+from tests.conftest import make_decoder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_serve_client_and_ctrl_c(smollm):
+    port = free_block(3)
+    serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--device", "cpu",
+                              "--kv-cache-tokens", "4096"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 300
+        while "ready at" not in line:
+            line = serve.stdout.readline()
+            assert line or serve.poll() is None, "tandem serve exited early"
+            assert time.monotonic() < deadline, "tandem serve did not become ready"
+        pids = [int(p) for p in line.split("pid ")[1:] for p in [p.split(",")[0].split(")")[0]]]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+
+        prompt = "Name a famous painter."
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "client", "--address", f"localhost:{port}",
+                               "--prompt", prompt, "--chat", "--max-tokens", "16", "--json"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads(proc.stdout.strip().split("\n")[-1])
+        ids = smollm.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        ref = make_decoder(smollm, "ngram").generate([ids], SamplingParams(max_tokens=16))[0]
+        assert summary["token_ids"] == ref.new_token_ids and summary["text"] == ref.text_delta
+        for key in ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "rounds", "accepted",
+                    "drafted", "acceptance_length", "tokens_per_s", "time_to_first_token_s", "elapsed_s"):
+            assert key in summary
+        assert summary["prompt_tokens"] == len(ids) and summary["rounds"] >= 1
+
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(60) == 0
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        if serve.poll() is None:
+            serve.kill()

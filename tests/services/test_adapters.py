@@ -1,0 +1,124 @@
+"""The engine sides of the drafter and verifier services, without gRPC, on the real SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafter_svc.service import DrafterEngine, DraftItem, ResyncNeeded
+from engine.config import EngineConfig, SamplingParams
+from engine.drafters import DraftSpec, build_drafter
+from engine.drafters.ngram import NgramDrafter
+from engine.spec import CapacityError, RoundItem
+from rpc import convert
+from tests.conftest import make_decoder
+from verifier_svc.service import PrefillItem, VerifierEngine
+
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True, seed=1)
+
+
+def test_drafter_history_append_rollback_and_resync():
+    eng = DrafterEngine(NgramDrafter(max_n=2), vocab_size=100, max_k=4)
+    [r] = eng.draft([DraftItem("a", 0, [5, 6, 7, 5, 6], 2, GREEDY)])
+    assert r.tokens == [7, 5] and r.probs is None
+    [r] = eng.draft([DraftItem("a", 5, [9], 2, GREEDY)])           # append
+    assert eng.histories["a"] == [5, 6, 7, 5, 6, 9]
+    [r] = eng.draft([DraftItem("a", 3, [1, 2], 2, GREEDY)])        # roll back speculative history
+    assert eng.histories["a"] == [5, 6, 7, 1, 2]
+    [r] = eng.draft([DraftItem("b", 4, [1], 2, GREEDY)])           # never seen: history lost
+    assert isinstance(r, ResyncNeeded)
+    results = eng.draft([DraftItem("a", 5, [3], 9, GREEDY), DraftItem("c", 0, [1, 200], 2, GREEDY),
+                         DraftItem("d", 0, [1, 2, 1], 1, GREEDY), DraftItem("d", 3, [2], 1, GREEDY)])
+    assert [type(r).__name__ for r in results] == ["ValueError", "ValueError", "Draft", "ValueError"]
+    assert "k:" in str(results[0]) and "tokens:" in str(results[1]) and "twice" in str(results[3])
+    assert eng.release(["a", "d", "zzz"]) == 2 and not eng.histories
+
+
+def test_sampled_drafts_come_from_the_top_m_distribution_they_send(smollm):
+    config = EngineConfig(kv_cache_tokens=2048, draft_top_m=8)
+    eng = DrafterEngine(build_drafter(DraftSpec.parse("layerskip:4"), smollm, config), smollm.config.vocab_size, 8)
+    prompt = smollm.tokenizer.encode_chat([{"role": "user", "content": "Write a poem about autumn."}])
+    sampled = SamplingParams(temperature=1.0, seed=3)
+    r_s, r_g = eng.draft([DraftItem("s", 0, prompt, 4, sampled), DraftItem("g", 0, prompt, 4, GREEDY)])
+    assert r_g.probs is None and len(r_g.tokens) == 4
+    q = r_s.probs
+    assert q.shape == (4, smollm.config.vocab_size)
+    assert ((q > 0).sum(-1) <= 8).all() and torch.allclose(q.sum(-1), torch.ones(4))
+    assert all(q[i, t] > 0 for i, t in enumerate(r_s.tokens))
+    # across the wire and back: the same dense distribution, validated
+    wire = convert.draft_probs_to_pb(q, 8)
+    torch.testing.assert_close(convert.draft_probs_from_pb(wire, r_s.tokens, smollm.config.vocab_size), q)
+    # greedy drafts equal the in-process layer-skip drafter's
+    skip = make_decoder(smollm, "layerskip:4", k=4).drafter
+    from engine.drafters.base import DraftRequest
+
+    assert skip.propose([DraftRequest("x", prompt, 4, GREEDY)]).token_ids[0] == r_g.tokens
+
+
+def test_verifier_rounds_with_external_drafts_equal_plain(smollm):
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in ("Count to five.", "Name two oceans.")]
+    ref = [o.new_token_ids for o in make_decoder(smollm, "none").generate(prompts, GREEDY)]
+    eng = VerifierEngine(make_decoder(smollm, "none", k=3))
+    outs = eng.prefill([PrefillItem("a", prompts[0], [], GREEDY), PrefillItem("b", prompts[1], [], GREEDY)])
+    got = {"a": list(outs[0].new_token_ids), "b": list(outs[1].new_token_ids)}
+    while eng.decoder.requests:
+        items = []
+        for rid, i in (("a", 0), ("b", 1)):
+            if rid in eng.decoder.requests:
+                n = len(got[rid])
+                # drafts: the right answer for "a" (all accepted), a wrong one for "b" (rejected)
+                drafts = ref[i][n:n + 3] if rid == "a" else [0, 0]
+                r = eng.decoder.requests[rid]
+                items.append(RoundItem(rid, drafts[: eng.decoder.draft_len(r, 3)]))
+        for it, o in zip(items, eng.verify(items)):
+            got[it.request_id] += o.new_token_ids
+    assert got["a"] == ref[0] and got["b"] == ref[1]
+
+
+def test_verifier_item_errors_leave_the_batch_running(smollm):
+    eng = VerifierEngine(make_decoder(smollm, "none", k=2, max_batch_size=2))
+    p = smollm.tokenizer.encode("Hello there")
+    res = eng.prefill([PrefillItem("a", p, [], GREEDY), PrefillItem("b", [], [], GREEDY),
+                       PrefillItem("a", p, [], GREEDY)])
+    assert not isinstance(res[0], Exception)
+    assert isinstance(res[1], ValueError) and str(res[1]).startswith("prompt:")
+    assert isinstance(res[2], ValueError) and "already in use" in str(res[2])
+    res = eng.verify([RoundItem("a", [1, 2]), RoundItem("nope", []), RoundItem("a", []),
+                      RoundItem("a", list(range(9)))])
+    assert not isinstance(res[0], Exception)
+    assert isinstance(res[1], KeyError) and isinstance(res[2], ValueError)
+    assert eng.prefill([PrefillItem("c", p, [], GREEDY)])[0].__class__ is not CapacityError
+    assert isinstance(eng.prefill([PrefillItem("d", p, [], GREEDY)])[0], CapacityError)  # batch of 2 is full
+    assert eng.release(["a", "c", "zzz"]) == 2
+    assert eng.stats() == {"running": 0, "kv_blocks_used": 0, "kv_blocks_total": eng.stats()["kv_blocks_total"]}
+
+
+def test_reprefill_with_committed_output_continues_exactly(smollm):
+    """A request moved to another verifier (prompt + output so far) continues with the same tokens."""
+    prompt = smollm.tokenizer.encode_chat([{"role": "user", "content": "Describe a forest."}])
+    ref = make_decoder(smollm, "none").generate([prompt], GREEDY)[0]
+    eng = VerifierEngine(make_decoder(smollm, "ngram", k=3))
+    done = ref.new_token_ids[:10]
+    [o] = eng.prefill([PrefillItem("r", prompt, done, GREEDY)])
+    out = done + o.new_token_ids
+    while "r" in eng.decoder.requests:
+        [o] = eng.step(["r"], [3])
+        out += o.new_token_ids
+    assert out == ref.new_token_ids
+    assert o.text_delta == "" or ref.text_delta.endswith(o.text_delta)
+
+
+@pytest.mark.parametrize("ids, probs, drafts, message", [
+    ([[1, 2]], [[0.5, 0.5]], [1, 2], "must both be"),
+    ([[1, 2]], [[0.7, 0.7]], [1], "distribution"),
+    ([[1, 99]], [[0.5, 0.5]], [1], "token ids"),
+    ([[1, 2]], [[1.0, 0.0]], [2], "no probability"),
+])
+def test_draft_distribution_is_validated(ids, probs, drafts, message):
+    from protos.tandem.v1 import common_pb2
+    from rpc import tensors
+
+    pb = common_pb2.DraftDistribution(ids=tensors.encode(ids, "int32"), probs=tensors.encode(probs, "float32"))
+    with pytest.raises(ValueError, match=message):
+        convert.draft_probs_from_pb(pb, drafts, vocab=50)
