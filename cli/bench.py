@@ -36,16 +36,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from bench.run import BenchCase, add_speedups, dataset_prompts, environment, markdown, run_case
     from engine.assets import default_model_path
-    from engine.factory import DEFAULT_KV_BYTES, kv_tokens_for
     from engine.models.loader import load_model
 
     config = engine_config(args)
     model = load_model(args.model or default_model_path(), device=config.device, dtype=config.torch_dtype)
-    if config.kv_cache_tokens is None:
-        import dataclasses
-
-        budget = DEFAULT_KV_BYTES["cpu" if config.device == "cpu" else "cuda"]
-        config = dataclasses.replace(config, kv_cache_tokens=kv_tokens_for(model, config.torch_dtype, budget))
     env = environment()
     rows = []
     for dataset in args.dataset:

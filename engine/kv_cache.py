@@ -15,6 +15,17 @@ from dataclasses import dataclass, field
 import torch
 
 
+GiB = 1 << 30
+DEFAULT_KV_BYTES = {"cpu": 1 * GiB, "cuda": 8 * GiB}
+
+
+def default_kv_tokens(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: str) -> int:
+    """KV capacity in tokens that fits the default memory budget of the device (1 GiB cpu, 8 GiB cuda)."""
+    per_token = 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    budget = DEFAULT_KV_BYTES["cpu" if str(device) == "cpu" else "cuda"]
+    return max(1024, budget // per_token)
+
+
 class KVCacheFull(RuntimeError):
     """No free block is left; admission control should have prevented this."""
 

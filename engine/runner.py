@@ -16,7 +16,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata, create_backend
 from engine.config import EngineConfig
-from engine.kv_cache import PagedKVCache
+from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
 
 
@@ -30,19 +30,23 @@ class Chunk:
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         cfg = model.config
-        if config.kv_cache_tokens is None:
-            raise ValueError("kv_cache_tokens: must be resolved before building a runner (see engine.factory)")
         self.model = model
         self.config = config
         self.device = torch.device(config.device)
-        self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.kv_cache_tokens,
-                                  config.kv_block_size, config.torch_dtype, self.device)
+        tokens = config.kv_cache_tokens or default_kv_tokens(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                             config.torch_dtype, config.device)
+        self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tokens, config.kv_block_size,
+                                  config.torch_dtype, self.device)
         self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
         self.vocab_size = cfg.vocab_size
 
     @property
     def allocator(self):
         return self.cache.allocator
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.allocator.num_blocks * self.allocator.block_size
 
     def length(self, seq_id: str) -> int:
         return self.allocator.length(seq_id)

@@ -97,7 +97,7 @@ class SpecDecoder:
         r = Request.create(request_id, prompt_ids, params, self.tokenizer, self.max_context)
         if self._blocks_needed(r) > self.target.allocator.num_blocks:
             raise ValueError(f"max_tokens: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) "
-                             f"does not fit the KV cache ({self.config.kv_cache_tokens} tokens)")
+                             f"does not fit the KV cache ({self.target.capacity_tokens} tokens)")
         if output_ids:
             r.resume(list(output_ids))
             if r.room() == 0:

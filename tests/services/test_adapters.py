@@ -122,3 +122,18 @@ def test_draft_distribution_is_validated(ids, probs, drafts, message):
     pb = common_pb2.DraftDistribution(ids=tensors.encode(ids, "int32"), probs=tensors.encode(probs, "float32"))
     with pytest.raises(ValueError, match=message):
         convert.draft_probs_from_pb(pb, drafts, vocab=50)
+
+
+def test_drafter_service_sizes_its_kv_without_a_setting(smollm_path):
+    """Regression: a model-based drafter service started with no kv_cache_tokens (seen on the GPU)."""
+    from drafter_svc.main import build
+    from drafter_svc.settings import DrafterSettings
+    from engine.kv_cache import default_kv_tokens
+
+    settings = DrafterSettings(model=str(smollm_path), draft="layerskip:2", device="cpu")
+    eng = build(settings, settings.engine_config())
+    runner = eng.drafter.runner
+    want = default_kv_tokens(2, 3, 64, torch.float32, "cpu")
+    assert runner.capacity_tokens == -(-want // 16) * 16 and runner.cache.k.shape[0] == 2
+    [r] = eng.draft([DraftItem("a", 0, [1, 2, 3], 2, GREEDY)])
+    assert len(r.tokens) == 2
