@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from drafter_svc.service import DrafterEngine, DraftItem
 from drafter_svc.servicer import DrafterServicer
+from drafter_svc.settings import DrafterSettings
 from engine.config import EngineConfig, SamplingParams
 from protos.tandem.v1 import drafter_pb2, drafter_pb2_grpc
-from rpc.metrics import engine_gauges, serve_metrics
-from rpc.server import Server, Service, run_until_signal
-from rpc.telemetry import setup_tracing, shutdown_tracing
-from drafter_svc.settings import DrafterSettings
+from rpc.server import Service, run, serve_engine_service
+from rpc.telemetry import setup_tracing
 
 log = logging.getLogger("tandem.drafter")
 
@@ -46,18 +44,11 @@ async def serve(settings: DrafterSettings) -> None:
     config = settings.engine_config()
     engine = build(settings, config)
     servicer = DrafterServicer(engine, config.draft_top_m or engine.vocab)
-    server = Server([Service(drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name,
-                             drafter_pb2_grpc.add_DrafterServicer_to_server, servicer)],
-                    settings.host, settings.drafter_port, settings.max_message_bytes)
-    engine_gauges("drafter", engine.stats)
-    metrics_port = serve_metrics(settings.metrics_port, settings.host)
-    log.info("drafter: %s, metrics port %s", settings.draft, metrics_port)
-    try:
-        await run_until_signal(server, settings.grace_s, lambda: servicer.run(warm_up, engine))
-    finally:
-        shutdown_tracing()
+    log.info("drafter: %s", settings.draft)
+    await serve_engine_service("drafter", Service(drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name,
+                                                  drafter_pb2_grpc.add_DrafterServicer_to_server, servicer),
+                               settings.drafter_port, settings, lambda: servicer.run(warm_up, engine), engine.stats)
 
 
 def main(settings: DrafterSettings) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(settings))
+    run(serve, settings)

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from engine.config import SamplingParams
-from engine.drafters.base import DraftRequest, Drafter
+from engine.drafters.base import Drafter, DraftRequest
 
 
 class ResyncNeeded(Exception):

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 GiB = 1 << 30
 DEFAULT_KV_BYTES = {"cpu": 1 * GiB, "cuda": 8 * GiB}
 

@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from engine.config import EngineConfig, SamplingParams
-from engine.drafters.base import DraftRequest, Drafter
+from engine.drafters.base import Drafter, DraftRequest
 from engine.request import FinishReason, Request, RequestOutput
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import PLACEHOLDER_TOKEN_ID, greedy_verify, probs_from_logits, rejection_sample

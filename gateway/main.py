@@ -14,7 +14,7 @@ from gateway.servicer import GatewayServicer
 from gateway.settings import GatewaySettings
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc.metrics import serve_metrics
-from rpc.server import Server, Service, run_until_signal
+from rpc.server import Server, Service, run, run_until_signal
 from rpc.telemetry import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("tandem.gateway")
@@ -65,5 +65,4 @@ async def serve(settings: GatewaySettings) -> None:
 
 
 def main(settings: GatewaySettings) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(settings))
+    run(serve, settings)

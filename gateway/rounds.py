@@ -24,7 +24,7 @@ from typing import Sequence
 
 import grpc
 
-from gateway.clients import DraftResult, DrafterClient, Verdict, VerifierClient, is_serving, slice_probs
+from gateway.clients import DrafterClient, DraftResult, Verdict, VerifierClient, is_serving, slice_probs
 from gateway.requests import GatewayRequest
 from gateway.settings import GatewaySettings
 

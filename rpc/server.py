@@ -17,6 +17,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rpc.interceptors import TracingServerInterceptor
+from rpc.metrics import engine_gauges, serve_metrics
+from rpc.telemetry import shutdown_tracing
 
 log = logging.getLogger("tandem.rpc")
 
@@ -83,3 +85,26 @@ async def run_until_signal(server: Server, grace_s: float, warm_up: Callable[[],
     if on_stop is not None:
         await on_stop()
     await server.stop(grace_s)
+
+
+async def serve_engine_service(name: str, service: Service, port: int, settings, warm_up: Callable[[], Awaitable[None]],
+                               stats: Callable[[], dict[str, int]]) -> None:
+    """The verifier's and drafter's life: serve ``service`` with engine gauges until a signal, then flush traces.
+
+    ``settings`` is a ServerSettings (host, metrics_port, max_message_bytes, grace_s). Call
+    ``setup_tracing`` before building the servicer.
+    """
+    server = Server([service], settings.host, port, settings.max_message_bytes)
+    engine_gauges(name, stats)
+    metrics_port = serve_metrics(settings.metrics_port, settings.host)
+    log.info("%s: gRPC port %d, metrics port %s", name, server.port, metrics_port)
+    try:
+        await run_until_signal(server, settings.grace_s, warm_up)
+    finally:
+        shutdown_tracing()
+
+
+def run(serve: Callable[[object], Awaitable[None]], settings) -> None:
+    """Entry point of a service process: logging, then the asyncio loop."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(settings))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from engine.drafters.base import DraftProposal, DraftRequest, Drafter
+from engine.drafters.base import Drafter, DraftProposal, DraftRequest
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

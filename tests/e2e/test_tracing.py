@@ -44,7 +44,7 @@ def test_one_round_span_per_round_with_attributes(traced):
     results, spans = traced
     rounds = {s.span_id: s for s in spans if s.name == "spec.round"}
     requests = {s.attributes["tandem.request_id"]: s for s in spans if s.name == "tandem.request"}
-    for ids, _, last in results:
+    for _ids, _, last in results:
         req = requests[last.request_id]
         linked = [rounds[span_id] for _, span_id in req.links]
         # usage.rounds counts the prefill too; every later round has one span, linked from the request

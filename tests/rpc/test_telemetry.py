@@ -22,8 +22,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rpc.interceptors import (DeadlineClientInterceptor, TracingClientInterceptor, TracingServerInterceptor,
-                              channel_interceptors)
+from rpc.interceptors import (
+    DeadlineClientInterceptor,
+    TracingClientInterceptor,
+    TracingServerInterceptor,
+    channel_interceptors,
+)
 from rpc.telemetry import exporters_from_env, resource_from_env
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
