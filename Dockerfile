@@ -14,7 +14,10 @@
 # The model cache is a volume at /cache ($TANDEM_CACHE): `tandem fetch` fills it (the deploy/
 # manifests run it as an initContainer), and flashinfer's compiled kernels land there too.
 
-ARG CUDA_VERSION=12.8.1
+# The defaults match the machine the benchmarks ran on (bench/RESULTS.md): CUDA 13.0, torch 2.11
+# (cu130), Ubuntu 24.04 with Python 3.12; the nodes need an NVIDIA driver >= 580. For older
+# drivers build with CUDA_VERSION=12.8.1 and TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128.
+ARG CUDA_VERSION=13.0.0
 ARG CUDA_FLAVOR=runtime
 ARG UBUNTU=ubuntu24.04
 
@@ -22,9 +25,9 @@ ARG UBUNTU=ubuntu24.04
 FROM nvidia/cuda:${CUDA_VERSION}-${CUDA_FLAVOR}-${UBUNTU} AS build
 
 # torch is not a pinned dependency of the project: the image brings its CUDA build, matching
-# the base image's CUDA (cu128 for CUDA 12.8).
+# the base image's CUDA (cu130 for CUDA 13.0).
 ARG TORCH_VERSION=2.11.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \

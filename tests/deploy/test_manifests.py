@@ -229,7 +229,7 @@ def test_dockerfile_base_user_cache_and_extras():
             key, _, value = rest.partition("=")
             args.setdefault(key, value)
     base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], froms[-1].split()[0])
-    assert re.fullmatch(r"nvidia/cuda:12\.\d+(\.\d+)?-runtime-ubuntu2[2-9]\.04", base), \
+    assert re.fullmatch(r"nvidia/cuda:1[2-9]\.\d+(\.\d+)?-runtime-ubuntu2[2-9]\.04", base), \
         f"the final image should start from a CUDA runtime image, not {base}"
     # Ubuntu 22.04 ships Python 3.10: the project needs 3.11+
     assert not base.endswith("ubuntu22.04"), "Ubuntu 22.04's python3 is 3.10; the project requires >= 3.11"
