@@ -12,6 +12,7 @@ COMMANDS = {
     "fetch": "cli.fetch",
     "bench": "cli.bench",
     "bench-services": "cli.bench_services",
+    "eval-draft": "cli.eval_draft",
     "serve": "cli.serve",
     "client": "cli.client",
     "demo": "cli.demo",

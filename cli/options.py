@@ -8,7 +8,8 @@ from engine.config import EngineConfig, SamplingParams
 from engine.drafters import DEFAULT_DRAFT
 
 
-def add_engine_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
+def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = True) -> None:
+    """``draft``/``k`` False: the caller defines its own --draft / --k (e.g. lists of them)."""
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", metavar="PATH",
                    help="target: a GGUF file or Hugging Face directory (default: $SMOLLM2_GGUF, else "
@@ -18,7 +19,8 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
                        help="drafter: ngram[:N] (prompt lookup), layerskip:N (the target's first N layers), "
                             "PATH (a draft LM sharing the target's tokenizer), or none (plain decoding); "
                             f"default {DEFAULT_DRAFT}")
-    g.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4; 0 = plain decoding)")
+    if k:
+        g.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4; 0 = plain decoding)")
     g.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV dtype (default: float32 on cpu, bfloat16 on cuda)")
