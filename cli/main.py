@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": "cli.bench",
     "bench-services": "cli.bench_services",
     "eval-draft": "cli.eval_draft",
+    "train-draft": "cli.train_draft",
     "serve": "cli.serve",
     "client": "cli.client",
     "demo": "cli.demo",

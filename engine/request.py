@@ -55,9 +55,25 @@ class Request:
     accepted: int = 0
     drafted: int = 0
     generator: torch.Generator | None = None
+    features: torch.Tensor | None = None  # [n, aux] target aux features of positions features_start ..
+    features_start: int = 0                # not yet handed to a feature-fed drafter
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
+
+    def add_features(self, start: int, feats: torch.Tensor) -> None:
+        """Queue the target's aux features of positions start .. start + len(feats) - 1."""
+        end = self.features_start + (0 if self.features is None else self.features.shape[0])
+        if self.features is None or start != end:
+            self.features, self.features_start = feats, start
+        else:
+            self.features = torch.cat([self.features, feats])
+
+    def take_features(self) -> tuple[int, torch.Tensor | None]:
+        """Hand the queued features over (once): (start position, [n, aux] or None)."""
+        out = (self.features_start, self.features)
+        self.features = None
+        return out
 
     @classmethod
     def create(cls, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,

@@ -27,6 +27,13 @@ class Chunk:
     num_logits: int = 1       # logits wanted for the last num_logits of these tokens
 
 
+@dataclass(frozen=True)
+class RunOutput:
+    logits: torch.Tensor         # [sum(num_logits), vocab] float32, chunk order
+    hidden: torch.Tensor         # [sum(num_logits), hidden] what the model returned for those rows
+    aux: torch.Tensor | None     # [sum(len(tokens)), aux] every token's aux features, when asked for
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig) -> None:
         cfg = model.config
@@ -57,9 +64,18 @@ class ModelRunner:
     def free(self, seq_id: str) -> None:
         self.allocator.free(seq_id)
 
-    @torch.inference_mode()
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Run the chunks as one batch -> logits [sum(num_logits), vocab] float32, chunk order."""
+        return self.run(chunks).logits
+
+    @torch.inference_mode()
+    def run(self, chunks: Sequence[Chunk], *, features: torch.Tensor | None = None,
+            aux_layers: Sequence[int] = ()) -> RunOutput:
+        """Run the chunks as one batch.
+
+        features: [sum(len(tokens)), hidden] per-token inputs of a feature-fed model (an EAGLE head).
+        aux_layers: target layers whose outputs to return for every token (the EAGLE head's inputs).
+        """
         alloc = self.allocator
         ids: list[int] = []
         positions: list[int] = []
@@ -82,8 +98,15 @@ class ModelRunner:
         meta = AttentionMetadata(q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), block_tables=tuple(tables),
                                  slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
         self.attention.plan(meta)
-        hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
-                            torch.tensor(positions, dtype=torch.long, device=dev), self.attention)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        aux = None
+        if features is not None:
+            hidden = self.model(input_ids, pos, self.attention, features)
+        elif aux_layers:
+            hidden, aux = self.model.forward_aux(input_ids, pos, self.attention, aux_layers)
+        else:
+            hidden = self.model(input_ids, pos, self.attention)
         if len(logit_rows) < len(ids):
             hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
-        return self.model.compute_logits(hidden)
+        return RunOutput(self.model.compute_logits(hidden), hidden, aux)

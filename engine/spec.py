@@ -58,6 +58,8 @@ class SpecDecoder:
         self.tokenizer = tokenizer
         self.config = config
         self.drafter = drafter
+        # target layers a feature-fed drafter (EAGLE) drafts from; captured in every round's forward
+        self.feature_layers: tuple[int, ...] = tuple(drafter.target_features) if drafter is not None else ()
         self.max_context = min(config.max_context or target.model.config.max_position,
                                target.model.config.max_position)
         self.waiting: deque[Request] = deque()
@@ -174,8 +176,12 @@ class SpecDecoder:
         items = [RoundItem(r.request_id) for r in reqs]
         if not chosen:
             return items
-        proposal = self.drafter.propose(
-            [DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params) for i in chosen])
+        wanted = []
+        for i in chosen:
+            start, feats = reqs[i].take_features()
+            wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
+                                       features=feats, features_start=start))
+        proposal = self.drafter.propose(wanted)
         for j, i in enumerate(chosen):
             drafts = proposal.token_ids[j][: ks[i]]
             probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]
@@ -190,8 +196,15 @@ class SpecDecoder:
             return []
         return self.run_round(self.propose(reqs, [self.draft_len(r) for r in reqs]))
 
-    def run_round(self, items: Sequence[RoundItem]) -> list[RequestOutput]:
-        """One target forward + verification for these requests (each at most once)."""
+    def run_round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None = None
+                  ) -> list[RequestOutput]:
+        """One target forward + verification for these requests (each at most once).
+
+        ``feature_layers``: capture these target layers' outputs for a feature-fed drafter
+        (default: what the embedded drafter declares); each request queues the features of its
+        newly verified positions (``Request.take_features``).
+        """
+        layers = self.feature_layers if feature_layers is None else tuple(feature_layers)
         reqs = []
         for it in items:
             r = self.requests.get(it.request_id)
@@ -201,14 +214,20 @@ class SpecDecoder:
                 raise ValueError(f"draft_tokens: {len(it.drafts)} drafts exceed what {it.request_id} may take")
             reqs.append(r)
         drafts = [list(it.drafts) for it in items]
-        chunks = []
+        chunks, starts = [], []
         for r, d in zip(reqs, drafts):
-            unseen = r.token_ids[self.target.length(r.request_id):]
+            starts.append(self.target.length(r.request_id))
+            unseen = r.token_ids[starts[-1]:]
             chunks.append(Chunk(r.request_id, unseen + d, num_logits=1 + len(d)))
-        logits = self.target.forward(chunks)                      # [sum(1 + n_i), V]
-        out, num_accepted = self._verify(reqs, items, logits)
+        res = self.target.run(chunks, aux_layers=layers)          # logits [sum(1 + n_i), V]
+        out, num_accepted = self._verify(reqs, items, res.logits)
         outputs = []
-        for r, d, row, a in zip(reqs, drafts, out.tolist(), num_accepted.tolist()):  # the round's host sync
+        offset = 0
+        for r, d, row, a, start, c in zip(reqs, drafts, out.tolist(), num_accepted.tolist(), starts, chunks):
+            if res.aux is not None:  # features of the positions now verified: unseen + accepted drafts
+                n = len(c.token_ids) - len(d) + a
+                r.add_features(start, res.aux[offset: offset + n])
+            offset += len(c.token_ids)
             r.rounds += 1
             r.accepted += a
             r.drafted += len(d)

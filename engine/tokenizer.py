@@ -198,6 +198,21 @@ class Tokenizer:
             template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
         return cls(backend, special_tokens=special, eos_token_ids=eos, chat_template=template, source=str(directory))
 
+    def save_hf(self, directory: str | Path) -> None:
+        """Write tokenizer.json, tokenizer_config.json and generation_config.json (what ``from_hf_dir``
+        and transformers read), so a draft model exported next to it is a complete checkpoint."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / "tokenizer.json"))
+        config: dict[str, Any] = {**self.special_tokens, "tokenizer_class": "PreTrainedTokenizerFast"}
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        gen = {"eos_token_id": sorted(self.eos_token_ids)}
+        if self.bos_token_id is not None:
+            gen["bos_token_id"] = self.bos_token_id
+        (directory / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are recognised as such."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids

@@ -1,8 +1,9 @@
 """Drafter registry: ``--draft`` text -> a typed ``DraftSpec`` -> a drafter, imported lazily.
 
 Forms: ``none`` (plain decoding), ``ngram`` or ``ngram:N`` (prompt lookup, n-grams up to N),
-``layerskip:N`` (the target's first N layers as a self-draft), or a path to a Llama-family
-checkpoint (GGUF file or Hugging Face directory) sharing the target's tokenizer.
+``layerskip:N`` (the target's first N layers as a self-draft), or a path: a directory written
+by ``tandem train-draft --kind eagle`` (an EAGLE head) or a Llama-family checkpoint (GGUF file
+or Hugging Face directory) sharing the target's tokenizer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ DEFAULT_DRAFT = "ngram"
 
 @dataclass(frozen=True)
 class DraftSpec:
-    kind: Literal["none", "ngram", "layerskip", "model"]
+    kind: Literal["none", "ngram", "layerskip", "model", "eagle"]
     size: int | None = None   # ngram: max n; layerskip: number of layers
     path: Path | None = None  # model: the draft checkpoint
 
@@ -48,10 +49,12 @@ class DraftSpec:
         if not path.exists():
             raise ValueError(f"draft: {text!r} is not ngram[:N], layerskip:N, none, "
                              "or an existing GGUF file / Hugging Face directory")
-        return cls("model", path=path)
+        from engine.models.eagle import is_eagle_dir
+
+        return cls("eagle" if is_eagle_dir(path) else "model", path=path)
 
     def __str__(self) -> str:
-        if self.kind == "model":
+        if self.path is not None:
             return str(self.path)
         return self.kind if self.size is None else f"{self.kind}:{self.size}"
 
@@ -61,6 +64,7 @@ _REGISTRY = {
     "ngram": "engine.drafters.factories:ngram",
     "layerskip": "engine.drafters.factories:layer_skip",
     "model": "engine.drafters.factories:draft_model",
+    "eagle": "engine.drafters.factories:eagle_head",
 }
 
 

@@ -8,6 +8,9 @@ anything it had drafted beyond the committed prefix is discarded.
 Capabilities are declared as attributes, never inferred from names:
 - ``deterministic``: drafts are one-hot (no distribution is sent); rejection sampling then
   treats q as one-hot, which stays lossless.
+- ``target_features``: target layers whose outputs the drafter drafts from (an EAGLE head);
+  empty for drafters that need only tokens. When set, whoever runs the target hands each
+  request's new aux features to ``propose`` (``DraftRequest.features``) exactly once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class DraftRequest:
     token_ids: Sequence[int]  # every committed token (prompt + output); the last is not yet verified-through
     k: int                    # drafts wanted, > 0
     params: SamplingParams    # seed already resolved; temperature/top-k/top-p shape q like p
+    features: torch.Tensor | None = None  # [n, aux] target aux features of positions features_start ..
+    features_start: int = 0                # .. features_start + n - 1, not handed over before
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class DraftProposal:
 class Drafter(Protocol):
     name: str
     deterministic: bool
+    target_features: tuple[int, ...]
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal: ...
 

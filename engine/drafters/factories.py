@@ -32,3 +32,11 @@ def draft_model(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
         raise ValueError(f"draft: {spec.path} does not share the target's tokenizer ({mismatch}); "
                          "a draft model must use exactly the target's vocabulary")
     return ModelDrafter(f"model:{spec.path.name}", draft.model, config, target.config.vocab_size)
+
+
+def eagle_head(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
+    from engine.drafters.eagle import EagleDrafter
+    from engine.models.eagle import load_eagle
+
+    head = load_eagle(spec.path, target.model, device=config.device, dtype=config.torch_dtype)
+    return EagleDrafter(f"eagle:{spec.path.name}", head, config)

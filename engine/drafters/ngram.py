@@ -17,6 +17,7 @@ from engine.drafters.base import DraftProposal, DraftRequest
 class NgramDrafter:
     name = "ngram"
     deterministic = True
+    target_features: tuple[int, ...] = ()
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:

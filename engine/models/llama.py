@@ -6,7 +6,7 @@ the model knows nothing of KV pages, batching or speculative phases.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -69,11 +69,20 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden] (after the final norm)."""
+        return self.forward_aux(input_ids, positions, attn, ())[0]
+
+    def forward_aux(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                    aux_layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Also return the residual stream after each layer in ``aux_layers`` (the features an
+        EAGLE head drafts from): final hidden [T, hidden], aux [T, len(aux_layers) * hidden] or None."""
         m = self.model
         x = m.embed_tokens(input_ids)
-        for layer in m.layers:
+        aux = []
+        for i, layer in enumerate(m.layers):
             x = layer(x, positions, m.rotary, attn)
-        return m.norm(x)
+            if i in aux_layers:
+                aux.append(x)
+        return m.norm(x), (torch.cat(aux, dim=-1) if aux_layers else None)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> logits [N, vocab] in float32."""

@@ -1,0 +1,136 @@
+"""Drafting with an EAGLE head: one decoder layer fed the target's features (engine/models/eagle.py).
+
+Per request the drafter holds *true* entries (token + the target's feature of the position
+before it) in its own one-layer paged KV, plus a buffer of fused target features it has been
+handed but not consumed yet. Per call and request it
+(1) drops last round's draft-chain entries and any entry whose token is no longer committed;
+(2) appends true entries for committed positions whose preceding feature it now has (one
+    batched forward for all requests, always re-feeding at least the last true entry so its
+    output is fresh);
+(3) drafts k tokens: the output of the last true entry gives draft 1, then each step feeds the
+    draft token with the head's own previous output.
+A request whose features do not reach its last committed token (a drafter that restarted, a
+gap) gets no drafts: the target then decodes it plainly, which is always correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from engine.config import EngineConfig
+from engine.drafters.base import DraftProposal, DraftRequest
+from engine.drafters.draft_sampling import DraftSampler
+from engine.models.eagle import EagleHead
+from engine.runner import Chunk, ModelRunner
+
+
+@dataclass
+class _State:
+    tokens: list[int] = field(default_factory=list)  # x_1 .. x_n of the true entries (entry p <-> token p)
+    feats: torch.Tensor | None = None                # [m, hidden] fused features of positions feat_start ..
+    feat_start: int = 0
+
+    @property
+    def n_true(self) -> int:
+        return len(self.tokens)
+
+    def feature(self, position: int) -> torch.Tensor | None:
+        i = position - self.feat_start
+        if self.feats is None or not 0 <= i < self.feats.shape[0]:
+            return None
+        return self.feats[i]
+
+
+class EagleDrafter:
+    deterministic = False
+
+    def __init__(self, name: str, head: EagleHead, config: EngineConfig) -> None:
+        self.name = name
+        self.head = head
+        self.target_features = head.eagle.aux_layers
+        self.runner = ModelRunner(head, config)
+        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
+        self._states: dict[str, _State] = {}
+
+    def release(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+        self.sampler.release(request_id)
+        self.runner.free(request_id)
+
+    @torch.inference_mode()
+    def _take_features(self, st: _State, r: DraftRequest) -> None:
+        if r.features is None or r.features.shape[0] == 0:
+            return
+        fused = self.head.fuse_features(r.features.to(self.runner.device))
+        end = st.feat_start + (0 if st.feats is None else st.feats.shape[0])
+        if st.feats is None or r.features_start > end or r.features_start < st.feat_start:
+            st.feats, st.feat_start = fused, r.features_start       # a gap or a rewind: start over
+        else:
+            st.feats = torch.cat([st.feats[: r.features_start - st.feat_start], fused])
+
+    def _catch_up(self, r: DraftRequest) -> tuple[list[int], list[torch.Tensor]] | None:
+        """Tokens and features of the entries to (re)append; None when this request cannot draft."""
+        st = self._states.setdefault(r.request_id, _State())
+        self._take_features(st, r)
+        committed = r.token_ids
+        # (1) keep the true entries whose tokens are still committed, minus the last (re-fed below)
+        keep = 0
+        limit = min(st.n_true, len(committed) - 1)
+        while keep < limit and st.tokens[keep] == committed[keep + 1]:
+            keep += 1
+        keep = max(0, min(keep, len(committed) - 1) - 1)
+        # (2) entries p = keep + 1 .. last, where entry p needs token p and the feature of p - 1
+        last = len(committed) - 1
+        if last < 1 or any(st.feature(p - 1) is None for p in range(keep + 1, last + 1)):
+            self._reset(r.request_id, st)
+            return None
+        if self.runner.length(r.request_id) > keep:
+            self.runner.truncate(r.request_id, keep)
+        del st.tokens[keep:]
+        tokens = list(committed[keep + 1: last + 1])
+        feats = [st.feature(p - 1) for p in range(keep + 1, last + 1)]
+        st.tokens.extend(tokens)
+        # the next call re-feeds entry `last`, which needs the feature of last - 1
+        drop = (last - 1) - st.feat_start
+        if drop > 0:
+            st.feats, st.feat_start = st.feats[drop:], st.feat_start + drop
+        return tokens, feats
+
+    def _reset(self, request_id: str, st: _State) -> None:
+        self.runner.free(request_id)
+        st.tokens.clear()
+
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: torch.Tensor | None = None
+        active, chunks, feats = [], [], []
+        for i, r in enumerate(requests):
+            got = self._catch_up(r)
+            if got is None:
+                continue
+            active.append(i)
+            chunks.append(Chunk(r.request_id, got[0]))
+            feats.extend(got[1])
+        if not active:
+            return DraftProposal(token_ids=drafts, probs=None)
+        kmax = max(requests[i].k for i in active)
+        features = torch.stack(feats)
+        for step in range(kmax):
+            out = self.runner.run(chunks, features=features)
+            tokens, q = self.sampler.pick(out.logits, [requests[i] for i in active])
+            if q is not None:
+                if probs is None:
+                    probs = torch.zeros(len(requests), kmax, q.shape[-1], device=q.device)
+                probs[active, step] = q
+            for i, t in zip(active, tokens.tolist()):
+                drafts[i].append(t)
+            keep = [j for j, i in enumerate(active) if requests[i].k > step + 1]
+            if not keep:
+                break
+            active = [active[j] for j in keep]
+            chunks = [Chunk(requests[i].request_id, [drafts[i][-1]]) for i in active]
+            features = out.hidden[keep]
+        return DraftProposal(token_ids=drafts, probs=probs)
