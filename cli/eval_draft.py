@@ -176,12 +176,12 @@ def run(args: argparse.Namespace) -> int:
                                max_tokens=args.max_tokens, batch_size=args.batch_size, seed=args.seed,
                                ignore_eos=args.ignore_eos)
                 rows.append({**row, "environment": env})
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(rows, indent=1) + "\n")  # after every case: an interrupted run keeps its rows
                 bar.update()
             del drafter  # its KV cache goes before the next drafter builds its own
 
     text = report(rows, env)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1) + "\n")
     out.with_suffix(".md").write_text(text)
     print("\n" + text)
     print(f"wrote {out} and {out.with_suffix('.md')}")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Train both drafter kinds for the default target on the GPU machine, inside one 10-minute call:
+#   source .carry/env/setup.sh && bash train/device/train_drafters.sh
+# The corpus (the target's own answers to ShareGPT prompts < 15800) is generated once into
+# $CORPUS (about 275 s for 6000 prompts on an H100) and reused when it exists; the EAGLE head
+# goes first (it is the default drafter), the draft LM gets the time that is left.
+# RESUME=DIR continues the EAGLE head from an earlier run. Results: $STAGE/{eagle,lm}; the
+# small files are copied under $OUT.
+set -euo pipefail
+STAGE=${STAGE:-/root/stage}
+CORPUS=${CORPUS:-$STAGE/corpus.npz}
+export TANDEM_CACHE=${TANDEM_CACHE:-$STAGE/payload} TQDM_MININTERVAL=${TQDM_MININTERVAL:-15}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+tandem() { python3 -m cli.main "$@"; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+common=(--corpus "$CORPUS" --num-prompts "${NUM_PROMPTS:-6000}" --gen-batch-size 512
+        --max-new-tokens 256 --val-prompts 32 --eval-every 1000)
+show() { tee "$1" | tr '\r' '\n' | grep -E '^(step|train-draft|\{|  ")' || true; }
+tandem train-draft --kind eagle --out "$STAGE/eagle" --time-budget "${EAGLE_S:-200}" \
+  ${RESUME:+--resume "$RESUME"} "${common[@]}" 2>&1 | show "$OUT/eagle.log"
+mkdir -p "$OUT/eagle" && cp "$STAGE"/eagle/* "$OUT/eagle/"
+[ -e "$OUT/$(basename "$CORPUS")" ] || [ "$(du -b "$CORPUS" | cut -f1)" -gt 16000000 ] || cp "$CORPUS" "$OUT/"
+left=$(( ${CALL_S:-560} - SECONDS - 45 ))
+echo "seconds used: $SECONDS; draft LM budget: $left"
+if [ "$left" -ge 60 ]; then
+  tandem train-draft --kind lm --layers 4 --out "$STAGE/lm" --time-budget "${LM_S:-$left}" "${common[@]}" \
+    2>&1 | show "$OUT/lm.log"
+  mkdir -p "$OUT/lm" && cp "$STAGE"/lm/{config.json,train_report.json} "$OUT/lm/"
+fi
+echo "done in $SECONDS s"
