@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import SamplingParams
+from engine.drafters.base import FeatureQueue
 from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -33,6 +34,10 @@ class RequestOutput:
     drafted: int       # draft tokens proposed over all rounds
     round_accepted: int = 0  # of this step's round
     round_drafted: int = 0
+    # split mode: the target's features of the positions this step verified, for a feature-fed
+    # drafter in another process ([n, F], positions features_start .. features_start + n - 1)
+    features: torch.Tensor | None = None
+    features_start: int = 0
 
     @property
     def acceptance_length(self) -> float:
@@ -55,25 +60,10 @@ class Request:
     accepted: int = 0
     drafted: int = 0
     generator: torch.Generator | None = None
-    features: torch.Tensor | None = None  # [n, aux] target aux features of positions features_start ..
-    features_start: int = 0                # not yet handed to a feature-fed drafter
+    features: FeatureQueue = field(default_factory=FeatureQueue)  # target features not yet handed to a drafter
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
-
-    def add_features(self, start: int, feats: torch.Tensor) -> None:
-        """Queue the target's aux features of positions start .. start + len(feats) - 1."""
-        end = self.features_start + (0 if self.features is None else self.features.shape[0])
-        if self.features is None or start != end:
-            self.features, self.features_start = feats, start
-        else:
-            self.features = torch.cat([self.features, feats])
-
-    def take_features(self) -> tuple[int, torch.Tensor | None]:
-        """Hand the queued features over (once): (start position, [n, aux] or None)."""
-        out = (self.features_start, self.features)
-        self.features = None
-        return out
 
     @classmethod
     def create(cls, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,

@@ -178,7 +178,7 @@ class SpecDecoder:
             return items
         wanted = []
         for i in chosen:
-            start, feats = reqs[i].take_features()
+            start, feats = reqs[i].features.take()
             wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
                                        features=feats, features_start=start))
         proposal = self.drafter.propose(wanted)
@@ -202,7 +202,7 @@ class SpecDecoder:
 
         ``feature_layers``: capture these target layers' outputs for a feature-fed drafter
         (default: what the embedded drafter declares); each request queues the features of its
-        newly verified positions (``Request.take_features``).
+        newly verified positions (``Request.features``).
         """
         layers = self.feature_layers if feature_layers is None else tuple(feature_layers)
         reqs = []
@@ -226,7 +226,7 @@ class SpecDecoder:
         for r, d, row, a, start, c in zip(reqs, drafts, out.tolist(), num_accepted.tolist(), starts, chunks):
             if res.aux is not None:  # features of the positions now verified: unseen + accepted drafts
                 n = len(c.token_ids) - len(d) + a
-                r.add_features(start, res.aux[offset: offset + n])
+                r.features.add(start, res.aux[offset: offset + n])
             offset += len(c.token_ids)
             r.rounds += 1
             r.accepted += a

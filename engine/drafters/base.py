@@ -10,7 +10,8 @@ Capabilities are declared as attributes, never inferred from names:
   treats q as one-hot, which stays lossless.
 - ``target_features``: target layers whose outputs the drafter drafts from (an EAGLE head);
   empty for drafters that need only tokens. When set, whoever runs the target hands each
-  request's new aux features to ``propose`` (``DraftRequest.features``) exactly once.
+  request's new aux features to ``propose`` (``DraftRequest.features``) exactly once;
+  ``feature_size`` is their width per position (0 when ``target_features`` is empty).
 """
 
 from __future__ import annotations
@@ -44,10 +45,40 @@ class Drafter(Protocol):
     name: str
     deterministic: bool
     target_features: tuple[int, ...]
+    feature_size: int
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal: ...
 
     def release(self, request_id: str) -> None: ...
+
+
+@dataclass
+class FeatureQueue:
+    """Target features of consecutive positions, waiting to be handed to a feature-fed drafter once."""
+
+    start: int = 0
+    features: torch.Tensor | None = None  # [n, F] for positions start .. start + n - 1
+
+    def add(self, start: int, feats: torch.Tensor, limit: int = 0) -> None:
+        """Append (or, after a gap, replace with) these; keep at most the latest ``limit`` positions (0: all)."""
+        end = self.start + (0 if self.features is None else self.features.shape[0])
+        if self.features is None or start != end:
+            self.features, self.start = feats, start
+        else:
+            self.features = torch.cat([self.features, feats])
+        self._cut(limit)
+
+    def take(self, limit: int = 0) -> tuple[int, torch.Tensor | None]:
+        """Hand the queued features over (at most the latest ``limit`` positions) and empty the queue."""
+        self._cut(limit)
+        out = (self.start, self.features)
+        self.features = None
+        return out
+
+    def _cut(self, limit: int) -> None:
+        if limit and self.features is not None and self.features.shape[0] > limit:
+            self.start += self.features.shape[0] - limit
+            self.features = self.features[-limit:]
 
 
 def draft_seed(seed: int) -> int:

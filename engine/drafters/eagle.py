@@ -9,8 +9,11 @@ handed but not consumed yet. Per call and request it
     output is fresh);
 (3) drafts k tokens: the output of the last true entry gives draft 1, then each step feeds the
     draft token with the head's own previous output.
-A request whose features do not reach its last committed token (a drafter that restarted, a
-gap) gets no drafts: the target then decodes it plainly, which is always correct.
+The head's KV need not start at the first position: after a gap in the features (a drafter that
+restarted, features cut to a window to keep messages small) it starts over from the first
+position it has features for. Rotary attention depends only on relative positions, so a later
+start costs only the context it leaves out. A request whose features do not reach its last
+committed token gets no drafts: the target then decodes it plainly, which is always correct.
 """
 
 from __future__ import annotations
@@ -29,19 +32,17 @@ from engine.runner import Chunk, ModelRunner
 
 @dataclass
 class _State:
-    tokens: list[int] = field(default_factory=list)  # x_1 .. x_n of the true entries (entry p <-> token p)
+    base: int = 1                                    # position of the first true entry in the head's KV
+    tokens: list[int] = field(default_factory=list)  # tokens of the true entries base, base + 1, ...
     feats: torch.Tensor | None = None                # [m, hidden] fused features of positions feat_start ..
     feat_start: int = 0
 
     @property
-    def n_true(self) -> int:
-        return len(self.tokens)
+    def feat_end(self) -> int:
+        return self.feat_start + (0 if self.feats is None else self.feats.shape[0])
 
-    def feature(self, position: int) -> torch.Tensor | None:
-        i = position - self.feat_start
-        if self.feats is None or not 0 <= i < self.feats.shape[0]:
-            return None
-        return self.feats[i]
+    def feature(self, position: int) -> torch.Tensor:
+        return self.feats[position - self.feat_start]
 
 
 class EagleDrafter:
@@ -51,6 +52,7 @@ class EagleDrafter:
         self.name = name
         self.head = head
         self.target_features = head.eagle.aux_layers
+        self.feature_size = head.eagle.aux_size
         self.runner = ModelRunner(head, config)
         self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
         self._states: dict[str, _State] = {}
@@ -65,8 +67,7 @@ class EagleDrafter:
         if r.features is None or r.features.shape[0] == 0:
             return
         fused = self.head.fuse_features(r.features.to(self.runner.device))
-        end = st.feat_start + (0 if st.feats is None else st.feats.shape[0])
-        if st.feats is None or r.features_start > end or r.features_start < st.feat_start:
+        if st.feats is None or r.features_start > st.feat_end or r.features_start < st.feat_start:
             st.feats, st.feat_start = fused, r.features_start       # a gap or a rewind: start over
         else:
             st.feats = torch.cat([st.feats[: r.features_start - st.feat_start], fused])
@@ -76,24 +77,29 @@ class EagleDrafter:
         st = self._states.setdefault(r.request_id, _State())
         self._take_features(st, r)
         committed = r.token_ids
-        # (1) keep the true entries whose tokens are still committed, minus the last (re-fed below)
-        keep = 0
-        limit = min(st.n_true, len(committed) - 1)
-        while keep < limit and st.tokens[keep] == committed[keep + 1]:
-            keep += 1
-        keep = max(0, min(keep, len(committed) - 1) - 1)
-        # (2) entries p = keep + 1 .. last, where entry p needs token p and the feature of p - 1
-        last = len(committed) - 1
-        if last < 1 or any(st.feature(p - 1) is None for p in range(keep + 1, last + 1)):
+        last = len(committed) - 1            # entry `last` (the newest token) needs feature last - 1
+        if last < 1 or st.feats is None or not st.feat_start <= last - 1 < st.feat_end:
             self._reset(r.request_id, st)
             return None
-        if self.runner.length(r.request_id) > keep:
+        # (1) true entries whose tokens are still committed, minus the last one (re-fed for a fresh output)
+        keep = 0
+        limit = min(len(st.tokens), last + 1 - st.base)
+        while keep < limit and st.tokens[keep] == committed[st.base + keep]:
+            keep += 1
+        keep = max(0, keep - 1)
+        first = st.base + keep
+        if first - 1 < st.feat_start:        # a gap: start the head's KV over where the features begin
+            self._reset(r.request_id, st)
+            st.base, keep = max(1, st.feat_start + 1), 0
+            first = st.base
+        elif self.runner.length(r.request_id) > keep:
             self.runner.truncate(r.request_id, keep)
         del st.tokens[keep:]
-        tokens = list(committed[keep + 1: last + 1])
-        feats = [st.feature(p - 1) for p in range(keep + 1, last + 1)]
+        # (2) entries first .. last
+        tokens = list(committed[first: last + 1])
+        feats = [st.feature(p - 1) for p in range(first, last + 1)]
         st.tokens.extend(tokens)
-        # the next call re-feeds entry `last`, which needs the feature of last - 1
+        # the next call re-feeds entry `last` at least, which needs the feature of last - 1
         drop = (last - 1) - st.feat_start
         if drop > 0:
             st.feats, st.feat_start = st.feats[drop:], st.feat_start + drop

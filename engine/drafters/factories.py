@@ -38,5 +38,6 @@ def eagle_head(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
     from engine.drafters.eagle import EagleDrafter
     from engine.models.eagle import load_eagle
 
-    head = load_eagle(spec.path, target.model, device=config.device, dtype=config.torch_dtype)
+    head = load_eagle(spec.path, target.model, device=config.device, dtype=config.torch_dtype,
+                      target_layers=target.total_layers)
     return EagleDrafter(f"eagle:{spec.path.name}", head, config)

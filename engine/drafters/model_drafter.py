@@ -29,6 +29,7 @@ class _State:
 class ModelDrafter:
     deterministic = False
     target_features: tuple[int, ...] = ()
+    feature_size = 0
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name

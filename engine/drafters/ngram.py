@@ -18,6 +18,7 @@ class NgramDrafter:
     name = "ngram"
     deterministic = True
     target_features: tuple[int, ...] = ()
+    feature_size = 0
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:

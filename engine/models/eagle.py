@@ -89,17 +89,21 @@ class EagleHead(nn.Module):
         self.norm = RMSNorm(h, cfg.target.rms_norm_eps)
         self._target: tuple[LlamaForCausalLM, ...] = ()  # borrowed, kept out of state_dict
 
-    def attach(self, target: LlamaForCausalLM) -> "EagleHead":
-        """Borrow the target's embedding and LM head (checked against the head's config)."""
+    def attach(self, target: LlamaForCausalLM, target_layers: int | None = None) -> "EagleHead":
+        """Borrow the target's embedding and LM head (checked against the head's config).
+
+        ``target_layers``: the full target's depth when ``target`` holds only some of its layers
+        (a drafter service needs the embedding and head, not the layers)."""
         tc = target.config
         mine = self.eagle.target
         for field in ("hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim"):
             if getattr(tc, field) != getattr(mine, field):
                 raise ValueError(f"draft: EAGLE head was trained for a target with {field}={getattr(mine, field)}, "
                                  f"this target has {getattr(tc, field)}")
-        if self.eagle.aux_layers[-1] >= tc.num_layers:
+        depth = target_layers or tc.num_layers
+        if self.eagle.aux_layers[-1] >= depth:
             raise ValueError(f"draft: EAGLE head reads target layer {self.eagle.aux_layers[-1]}, "
-                             f"the target has {tc.num_layers}")
+                             f"the target has {depth}")
         self._target = (target,)
         return self
 
@@ -135,7 +139,7 @@ def save_eagle(head: EagleHead, directory: Path, extra: dict | None = None) -> N
 
 
 def load_eagle(directory: Path, target: LlamaForCausalLM, device: torch.device | str,
-               dtype: torch.dtype) -> EagleHead:
+               dtype: torch.dtype, target_layers: int | None = None) -> EagleHead:
     from safetensors.torch import load_file
 
     cfg = EagleConfig.from_json(json.loads((directory / "config.json").read_text()))
@@ -148,4 +152,4 @@ def load_eagle(directory: Path, target: LlamaForCausalLM, device: torch.device |
         raise ValueError(f"draft: {directory} holds weights {sorted(set(state) ^ expected)[:6]} that do not match "
                          "an EAGLE head")
     head.load_state_dict({k: v.to(dtype) for k, v in state.items()})
-    return head.attach(target).eval().requires_grad_(False)
+    return head.attach(target, target_layers).eval().requires_grad_(False)
