@@ -15,26 +15,35 @@ from rpc.telemetry import setup_tracing
 log = logging.getLogger("tandem.drafter")
 
 
+# what a drafter needs of the target's weights: N layers for layerskip:N; the embedding and LM head
+# (loaded with one layer) for an EAGLE head; nothing but the tokenizer and config otherwise
+_TARGET_LAYERS = {"layerskip": lambda spec: spec.size, "eagle": lambda spec: 1}
+
+
 def build(settings: DrafterSettings, config: EngineConfig) -> DrafterEngine:
-    """Load only what the drafter needs: the tokenizer for n-gram and draft LMs, N layers for layerskip:N."""
+    """Load only the part of the target the drafter needs."""
     from engine.assets import default_model_path
-    from engine.drafters import DraftSpec, build_drafter
+    from engine.drafters import DraftSpec, build_drafter, resolve_draft
     from engine.models.loader import load_model
 
     spec = DraftSpec.parse(settings.draft)
     if spec.kind == "none":
-        raise ValueError("draft: the drafter service needs a drafter (ngram[:N], layerskip:N or PATH)")
+        raise ValueError("draft: the drafter service needs a drafter (auto, ngram[:N], layerskip:N or PATH)")
     path = settings.model or default_model_path()
+    spec = resolve_draft(spec, load_model(path, load_weights=False, progress=False).config)
+    layers = _TARGET_LAYERS.get(spec.kind)
     target = load_model(path, device=config.device, dtype=config.torch_dtype,
-                        max_layers=spec.size if spec.kind == "layerskip" else None,
-                        load_weights=spec.kind == "layerskip")
+                        max_layers=layers(spec) if layers else None, load_weights=layers is not None)
     drafter = build_drafter(spec, target, config)
     return DrafterEngine(drafter, target.config.vocab_size, config.max_k)
 
 
 def warm_up(engine: DrafterEngine) -> None:
+    import torch
+
     params = SamplingParams(temperature=0.7, seed=0)
-    engine.draft([DraftItem("warmup", 0, [1, 2, 3, 1, 2], 2, params)])
+    feats = torch.zeros(4, engine.feature_size) if engine.feature_size else None  # a feature-fed head drafts too
+    engine.draft([DraftItem("warmup", 0, [1, 2, 3, 1, 2], 2, params, feats, 0)])
     engine.draft([DraftItem("warmup", 5, [3], 3, SamplingParams())])
     engine.release(["warmup"])
 

@@ -27,6 +27,8 @@ class DraftItem:
     tokens: list[int]
     k: int
     params: SamplingParams
+    features: torch.Tensor | None = None  # [n, F] target features of positions features_start .. (EAGLE)
+    features_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,20 +66,41 @@ class DrafterEngine:
             try:
                 if any(items[j].request_id == it.request_id for j in ok):
                     raise ValueError(f"request_id: {it.request_id!r} appears twice in one batch")
+                self._check_features(it)
                 self._update(it)
                 ok.append(i)
                 results.append(None)  # type: ignore[arg-type]
             except (ValueError, ResyncNeeded) as exc:
                 results.append(exc)
         if ok:
-            reqs = [DraftRequest(items[i].request_id, self.histories[items[i].request_id], items[i].k, items[i].params)
-                    for i in ok]
+            reqs = [DraftRequest(items[i].request_id, self.histories[items[i].request_id], items[i].k, items[i].params,
+                                 features=items[i].features, features_start=items[i].features_start) for i in ok]
             proposal = self.drafter.propose(reqs)
             for j, i in enumerate(ok):
                 tokens = proposal.token_ids[j]
                 sampled = proposal.probs is not None and not items[i].params.greedy
                 results[i] = Draft(tokens, proposal.probs[j, : len(tokens)] if sampled else None)
         return results
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.drafter.target_features)
+
+    def _check_features(self, it: DraftItem) -> None:
+        f = it.features
+        if f is None:
+            return
+        if not self.feature_layers:
+            raise ValueError("features: this drafter drafts from tokens alone; send no features")
+        if f.ndim != 2 or f.shape[1] != self.feature_size:
+            raise ValueError(f"features: expected [n, {self.feature_size}], got {list(f.shape)}")
+        if it.features_start + f.shape[0] > it.start + len(it.tokens):
+            raise ValueError(f"features: positions up to {it.features_start + f.shape[0] - 1} lie beyond the history "
+                             f"({it.start + len(it.tokens)} tokens)")
+
+    @property
+    def feature_size(self) -> int:
+        return self.drafter.feature_size
 
     def release(self, ids: Sequence[str]) -> int:
         n = 0

@@ -12,8 +12,10 @@ from rpc import convert, tensors
 
 def _item(it: drafter_pb2.DraftItem) -> DraftItem | Exception:
     try:
+        features = (tensors.to_torch(it.features, "features", ("bfloat16", "float16", "float32"), ndim=2)
+                    if it.HasField("features") else None)
         return DraftItem(it.request_id, it.start, tensors.token_ids(it.tokens, "tokens"), it.k,
-                         convert.sampling_from_pb(it.sampling))
+                         convert.sampling_from_pb(it.sampling), features, it.features_start)
     except ValueError as exc:
         return exc
 
@@ -42,6 +44,12 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         results = await self.run(self.engine.draft, [_item(it) for it in request.items])
         return drafter_pb2.DraftResponse(
             results=[_result(it.request_id, r, self.top_m) for it, r in zip(request.items, results)])
+
+    async def Describe(self, request, context):
+        d = self.engine.drafter
+        return drafter_pb2.DrafterInfo(name=d.name, deterministic=d.deterministic,
+                                       feature_layers=list(self.engine.feature_layers),
+                                       feature_size=self.engine.feature_size)
 
     async def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=await self.run(self.engine.release, list(request.request_ids)))

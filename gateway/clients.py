@@ -27,6 +27,16 @@ class Verdict:
     finish_reason: FinishReason | None
     error: str = ""
     error_code: grpc.StatusCode | None = None
+    features: torch.Tensor | None = None  # [n, F] target features of positions features_start .. (split + EAGLE)
+    features_start: int = 0
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    name: str
+    deterministic: bool
+    feature_layers: tuple[int, ...]  # target layers the drafter drafts from (empty: tokens only)
+    feature_size: int                # values per position of those features
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,10 @@ def _verdicts(resp: verifier_pb2.VerifyResponse) -> list[Verdict]:
     out = []
     for v in resp.verdicts:
         code = _CODES.get(v.error_code) if v.error else None
+        feats = tensors.to_torch(v.features, "features", ndim=2) if v.HasField("features") else None
         out.append(Verdict(v.request_id, tensors.token_ids(v.committed, "committed") if not v.error else [],
-                           v.text, v.accepted, v.drafted, convert.finish_from_pb(v.finish_reason), v.error, code))
+                           v.text, v.accepted, v.drafted, convert.finish_from_pb(v.finish_reason), v.error, code,
+                           feats, v.features_start))
     return out
 
 
@@ -70,21 +82,27 @@ class VerifierClient:
         self.stub = verifier_pb2_grpc.VerifierStub(ch)
         self.timeout = timeout_s
 
-    async def prefill(self, reqs: Sequence[GatewayRequest]) -> list[Verdict]:
+    async def prefill(self, reqs: Sequence[GatewayRequest], feature_layers: Sequence[int] = (),
+                      feature_window: int = 0) -> list[Verdict]:
         items = [verifier_pb2.PrefillItem(request_id=r.request_id, prompt=tensors.encode(r.prompt_ids, "int32"),
                                           output=tensors.encode(r.output_ids, "int32"),
                                           sampling=convert.sampling_to_pb(r.params)) for r in reqs]
-        return _verdicts(await self.stub.Prefill(verifier_pb2.PrefillRequest(items=items), timeout=self.timeout))
+        req = verifier_pb2.PrefillRequest(items=items, feature_layers=list(feature_layers),
+                                          feature_window=feature_window)
+        return _verdicts(await self.stub.Prefill(req, timeout=self.timeout))
 
     async def verify(self, reqs: Sequence[GatewayRequest], drafts: Sequence[list[int]],
-                     probs: Sequence[common_pb2.DraftDistribution | None]) -> list[Verdict]:
+                     probs: Sequence[common_pb2.DraftDistribution | None], feature_layers: Sequence[int] = (),
+                     feature_window: int = 0) -> list[Verdict]:
         items = []
         for r, d, p in zip(reqs, drafts, probs):
             item = verifier_pb2.VerifyItem(request_id=r.request_id, draft_tokens=tensors.encode(d, "int32"))
             if p is not None and d:
                 item.draft_probs.CopyFrom(p)
             items.append(item)
-        return _verdicts(await self.stub.Verify(verifier_pb2.VerifyRequest(items=items), timeout=self.timeout))
+        req = verifier_pb2.VerifyRequest(items=items, feature_layers=list(feature_layers),
+                                         feature_window=feature_window)
+        return _verdicts(await self.stub.Verify(req, timeout=self.timeout))
 
     async def step(self, reqs: Sequence[GatewayRequest], ks: Sequence[int]) -> list[Verdict]:
         items = [verifier_pb2.StepItem(request_id=r.request_id, k=k) for r, k in zip(reqs, ks)]
@@ -100,11 +118,21 @@ class DrafterClient:
         self.stub = drafter_pb2_grpc.DrafterStub(ch)
         self.timeout = timeout_s
 
+    async def describe(self) -> DrafterInfo:
+        d = await self.stub.Describe(drafter_pb2.DescribeRequest(), timeout=self.timeout)
+        return DrafterInfo(d.name, d.deterministic, tuple(d.feature_layers), d.feature_size)
+
     async def draft(self, reqs: Sequence[GatewayRequest], starts: Sequence[int], tokens: Sequence[list[int]],
-                    ks: Sequence[int]) -> list[DraftResult]:
-        items = [drafter_pb2.DraftItem(request_id=r.request_id, start=s, tokens=tensors.encode(t, "int32"), k=k,
-                                       sampling=convert.sampling_to_pb(r.params))
-                 for r, s, t, k in zip(reqs, starts, tokens, ks)]
+                    ks: Sequence[int], features: Sequence[tuple[int, torch.Tensor | None]] | None = None
+                    ) -> list[DraftResult]:
+        items = []
+        for i, (r, s, t, k) in enumerate(zip(reqs, starts, tokens, ks)):
+            item = drafter_pb2.DraftItem(request_id=r.request_id, start=s, tokens=tensors.encode(t, "int32"), k=k,
+                                         sampling=convert.sampling_to_pb(r.params))
+            if features is not None and features[i][1] is not None:
+                item.features.CopyFrom(tensors.encode(features[i][1]))
+                item.features_start = features[i][0]
+            items.append(item)
         resp = await self.stub.Draft(drafter_pb2.DraftRequest(items=items), timeout=self.timeout)
         out = []
         for res in resp.results:

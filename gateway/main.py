@@ -42,7 +42,8 @@ async def serve(settings: GatewaySettings) -> None:
         driver = ColocatedDriver(verifier, settings)
     else:
         dch = channel(settings.drafter_address, settings.draft_timeout_s, settings.max_message_bytes)
-        driver = SplitDriver(verifier, DrafterClient(dch, settings.draft_timeout_s), settings)
+        driver = SplitDriver(verifier, DrafterClient(dch, settings.draft_timeout_s), settings,
+                             target.config.num_layers)
     metrics = GatewayMetrics()
     scheduler = Scheduler(driver, settings, metrics)
     builder = RequestBuilder(target.tokenizer, target.config.vocab_size, max_context, settings)
@@ -53,8 +54,11 @@ async def serve(settings: GatewaySettings) -> None:
 
     async def ready() -> None:
         await wait_serving(vch, "verifier", settings.verifier_address)
-        if isinstance(driver, SplitDriver) and not await is_serving(driver.drafter.channel):
-            driver.mark_down(f"not serving at {settings.drafter_address} at startup")
+        if isinstance(driver, SplitDriver):
+            if not await is_serving(driver.drafter.channel):
+                driver.mark_down(f"not serving at {settings.drafter_address} at startup")
+            else:
+                await driver.connect()
         scheduler.start()
         log.info("gateway (%s mode) ready on port %d, metrics port %s", driver.mode, server.port, metrics_port)
 

@@ -22,6 +22,8 @@ class GatewayMetrics:
         self.queue_depth = Gauge("tandem_queue_depth", "requests waiting for a batch slot")
         self.batch_size = Gauge("tandem_batch_size", "requests in the last round")
         self.rounds = Counter("tandem_rounds", "speculative rounds driven")
+        self.draft_tokens = Counter("tandem_draft_tokens", "draft tokens sent for verification")
+        self.accepted_tokens = Counter("tandem_accepted_tokens", "draft tokens the target accepted")
         self.round_seconds = Histogram("tandem_round_seconds", "wall time of a round at the gateway",
                                        buckets=_LATENCY)
         self.round_phase = Histogram("tandem_round_phase_seconds",

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine.config import SamplingParams
+from engine.drafters.base import FeatureQueue
 from engine.request import FinishReason
 from engine.tokenizer import Tokenizer
 from gateway.settings import GatewaySettings
@@ -49,6 +50,7 @@ class GatewayRequest:
     drafter_len: int = 0
     ready_drafts: list[int] | None = None
     ready_probs: object = None
+    features: FeatureQueue = field(default_factory=FeatureQueue)  # target features the drafter still needs
     span: object = None                    # the request's trace span
 
     @property

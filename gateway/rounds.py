@@ -9,6 +9,12 @@ verdict accepts all k drafts and the bonus equals the guess, the remaining k tok
 next round's drafts, ready at once; otherwise they are dropped and the next round drafts
 afresh. Verification is unaffected either way, so output stays lossless.
 
+A feature-fed drafter (an EAGLE head, ``Describe`` says which target layers it reads): the
+verifier returns those layers' outputs for the positions each Prefill and Verify verified, as
+bfloat16 tensors, and the gateway hands them on with the request's next Draft, each position
+once (at most ``feature_window`` of them). Such a drafter cannot draft past unverified tokens,
+so it gets no early draft.
+
 The drafter is never on the critical path for correctness: a failed or late Draft leaves the
 affected requests with no drafts (plain decoding) and marks the drafter down; a background
 health probe brings drafting back, resyncing every request's history.
@@ -24,7 +30,8 @@ from typing import Sequence
 
 import grpc
 
-from gateway.clients import DrafterClient, DraftResult, Verdict, VerifierClient, is_serving, slice_probs
+from gateway.clients import (DrafterClient, DrafterInfo, DraftResult, Verdict, VerifierClient, is_serving,
+                             slice_probs)
 from gateway.requests import GatewayRequest
 from gateway.settings import GatewaySettings
 
@@ -79,37 +86,88 @@ class ColocatedDriver:
 class SplitDriver:
     mode = "split"
 
-    def __init__(self, verifier: VerifierClient, drafter: DrafterClient, settings: GatewaySettings) -> None:
+    def __init__(self, verifier: VerifierClient, drafter: DrafterClient, settings: GatewaySettings,
+                 target_layers: int) -> None:
         self.verifier = verifier
         self.drafter = drafter
         self.s = settings
+        self.target_layers = target_layers
+        self.info: DrafterInfo | None = None  # from Describe, once the drafter answers
         self.drafter_up = True
+        self.unusable = ""  # why a drafter that answers cannot be used with this target (never retried)
         self._resync = False
         self._probe: asyncio.Task | None = None
 
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.info.feature_layers if self.info is not None else ()
+
+    async def connect(self) -> bool:
+        """Ask the drafter what it is; a drafter this target cannot feed stays unused (plain decoding)."""
+        try:
+            info = await self.drafter.describe()
+        except grpc.aio.AioRpcError as exc:
+            self.mark_down(f"Describe: {exc.code().name}: {exc.details()}")
+            return False
+        bad = [i for i in info.feature_layers if not 0 <= i < self.target_layers]
+        if bad:
+            self.unusable = f"drafter {info.name} reads target layers {bad}, the target has {self.target_layers}"
+            log.error("%s: plain decoding", self.unusable)
+            self.drafter_up = False
+            return False
+        self.info = info
+        log.info("drafter %s%s", info.name, f", fed target layers {list(info.feature_layers)}"
+                 if info.feature_layers else "")
+        return True
+
     async def prefill(self, reqs: Sequence[GatewayRequest]) -> list[Verdict]:
-        return await self.verifier.prefill(reqs)
+        layers = self.feature_layers
+        if not layers:
+            return await self.verifier.prefill(reqs)
+        # features make verdicts large: keep each response within half the message limit
+        per_request = [min(len(r.tokens), self.s.feature_window) * 2 * self.info.feature_size for r in reqs]
+        verdicts: list[Verdict] = []
+        group: list[GatewayRequest] = []
+        size = 0
+        for r, n in zip(reqs, per_request):
+            if group and size + n > self.s.max_message_bytes // 2:
+                verdicts += await self.verifier.prefill(group, layers, self.s.feature_window)
+                group, size = [], 0
+            group.append(r)
+            size += n
+        verdicts += await self.verifier.prefill(group, layers, self.s.feature_window)
+        self._keep_features(reqs, verdicts)
+        return verdicts
+
+    def _keep_features(self, reqs: Sequence[GatewayRequest], verdicts: Sequence[Verdict]) -> None:
+        by_id = {r.request_id: r for r in reqs}
+        for v in verdicts:
+            if v.features is not None and v.request_id in by_id:
+                by_id[v.request_id].features.add(v.features_start, v.features, self.s.feature_window)
 
     # ---------------------------------------------------------------- drafter health
     def mark_down(self, reason: str) -> None:
         if self.drafter_up:
             log.warning("drafter unavailable (%s): plain decoding until it is back", reason)
         self.drafter_up = False
-        if self._probe is None or self._probe.done():
+        if not self.unusable and (self._probe is None or self._probe.done()):
             self._probe = asyncio.create_task(self._wait_for_drafter())
 
     async def _wait_for_drafter(self) -> None:
-        while not await is_serving(self.drafter.channel, timeout_s=self.s.drafter_probe_s):
+        while not (await is_serving(self.drafter.channel, timeout_s=self.s.drafter_probe_s)
+                   and await self.connect()):
+            if self.unusable:
+                return
             await asyncio.sleep(self.s.drafter_probe_s)
         log.info("drafter is back: drafting resumes")
         self._resync = True  # a restarted drafter knows no history: send it all
         self.drafter_up = True
 
-    async def _draft(self, reqs, starts, tokens, ks) -> list[DraftResult] | None:
+    async def _draft(self, reqs, starts, tokens, ks, features=None) -> list[DraftResult] | None:
         if not reqs:
             return []
         try:
-            return await self.drafter.draft(reqs, starts, tokens, ks)
+            return await self.drafter.draft(reqs, starts, tokens, ks, features)
         except grpc.aio.AioRpcError as exc:
             self.mark_down(f"{exc.code().name}: {exc.details()}")
             return None
@@ -137,9 +195,14 @@ class SplitDriver:
         report = RoundReport([], [])
         if need and self.drafter_up:
             t0 = time.perf_counter()
+            feats = [reqs[i].features.take() for i in need] if self.feature_layers else None
             got = await self._draft([reqs[i] for i in need], [reqs[i].drafter_len for i in need],
-                                    [reqs[i].tokens[reqs[i].drafter_len:] for i in need], [ks[i] for i in need])
+                                    [reqs[i].tokens[reqs[i].drafter_len:] for i in need], [ks[i] for i in need], feats)
             report.draft_ms = _ms(t0)
+            if got is None and feats is not None:  # not delivered: keep them for the next try
+                for i, (start, f) in zip(need, feats):
+                    if f is not None:
+                        reqs[i].features.add(start, f, self.s.feature_window)
             for i, res in zip(need, got or []):
                 r = reqs[i]
                 if res.resync:
@@ -152,7 +215,9 @@ class SplitDriver:
                     probs[i] = slice_probs(res.probs, 0, len(drafts[i]))
 
         # verify round r while the drafter already drafts round r+1 (assuming full acceptance)
-        early = [i for i in range(n) if drafts[i] and self.drafter_up and self.s.early_draft]
+        # (a feature-fed drafter cannot draft past tokens the target has not verified yet)
+        early = [i for i in range(n)
+                 if drafts[i] and self.drafter_up and self.s.early_draft and not self.feature_layers]
         early_k = {i: draft_len(reqs[i], self.s, room=reqs[i].room() - len(drafts[i]) - 1) for i in early}
         early = [i for i in early if early_k[i] > 0]
         bases = {i: len(reqs[i].tokens) for i in early}
@@ -161,10 +226,12 @@ class SplitDriver:
             [reqs[i].tokens[reqs[i].drafter_len:] + drafts[i] for i in early], [early_k[i] + 1 for i in early]))
         t0 = time.perf_counter()
         try:
-            report.verdicts = await self.verifier.verify(reqs, drafts, probs)
+            report.verdicts = await self.verifier.verify(reqs, drafts, probs, self.feature_layers,
+                                                         self.s.feature_window)
         except BaseException:
             early_task.cancel()
             raise
+        self._keep_features(reqs, report.verdicts)
         report.verify_ms = _ms(t0)
         report.drafted = [len(d) for d in drafts]
         t0 = time.perf_counter()

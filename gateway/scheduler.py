@@ -153,6 +153,8 @@ class Scheduler:
             if r.span is not None:
                 r.span.add_link(link)
         self.m.rounds.inc()
+        self.m.draft_tokens.inc(sum(report.drafted))
+        self.m.accepted_tokens.inc(sum(accepted))
         self.m.round_seconds.observe(self.m.now() - t0)
         for phase, ms in (("draft", report.draft_ms), ("verify", report.verify_ms), ("wait", report.wait_ms)):
             self.m.round_phase.labels(phase).observe(ms / 1e3)

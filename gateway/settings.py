@@ -23,6 +23,8 @@ class GatewaySettings(ServerSettings):
     verify_timeout_s: float = Field(120.0, gt=0, description="deadline of Prefill/Verify/Step RPCs")
     early_draft: bool = Field(True, description="draft round r+1 while round r is verified (split mode)")
     drafter_probe_s: float = Field(1.0, gt=0, description="health-check period of a drafter that is down")
+    feature_window: int = Field(1024, ge=1, description="a feature-fed drafter (EAGLE head) gets at most this many "
+                                                        "of a request's latest target features at once")
 
     @model_validator(mode="after")
     def _k_within_max(self):

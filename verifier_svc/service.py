@@ -2,10 +2,15 @@
 
 A bad item (unknown request, malformed drafts, no room) becomes that item's exception;
 the other items of the batch still run their round.
+
+``feature_layers`` (split mode with a feature-fed drafter such as an EAGLE head): each output
+carries the target's features of the positions the call verified, at most the latest
+``feature_window`` of them, for the gateway to hand to the drafter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -39,6 +44,32 @@ class VerifierEngine:
     def can_step(self) -> bool:
         return self.decoder.drafter is not None
 
+    def check_feature_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        n = self.decoder.target.model.config.num_layers
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad or len(set(layers)) != len(layers):
+            raise ValueError(f"feature_layers: {list(layers)} must be distinct layer indices in [0, {n})")
+        return tuple(sorted(layers))
+
+    def _with_features(self, outputs: list[RequestOutput], window: int) -> list[RequestOutput]:
+        """Hand each running request's newly verified features to its output (finished ones need none)."""
+        out = []
+        for o in outputs:
+            r = self.decoder.requests.get(o.request_id)
+            if r is not None:
+                start, feats = r.features.take(window)
+                if feats is not None:
+                    o = dataclasses.replace(o, features=feats, features_start=start)
+            out.append(o)
+        return out
+
+    def _round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None, window: int
+               ) -> list[RequestOutput]:
+        if not items:
+            return []
+        outputs = self.decoder.run_round(items, feature_layers)
+        return self._with_features(outputs, window) if feature_layers else outputs
+
     def _unique_running(self, ids: Sequence[str]) -> tuple[list[int], dict[int, Exception]]:
         ok, errors, seen = [], {}, set()
         for i, rid in enumerate(ids):
@@ -51,7 +82,10 @@ class VerifierEngine:
             seen.add(rid)
         return ok, errors
 
-    def prefill(self, items: Sequence[PrefillItem | Exception]) -> list[Result]:
+    def prefill(self, items: Sequence[PrefillItem | Exception], feature_layers: Sequence[int] = (),
+                feature_window: int = 0) -> list[Result]:
+        """Start requests. Without ``feature_layers`` an embedded drafter gets what it declares."""
+        layers = self.check_feature_layers(feature_layers) if feature_layers else None
         started, errors = [], {}
         for i, it in enumerate(items):
             if isinstance(it, Exception):
@@ -62,10 +96,13 @@ class VerifierEngine:
                 started.append(i)
             except (ValueError, CapacityError) as exc:
                 errors[i] = exc
-        outputs = self.decoder.run_round([RoundItem(items[i].request_id) for i in started]) if started else []
+        outputs = self._round([RoundItem(items[i].request_id) for i in started], layers, feature_window)
         return _fill(len(items), started, outputs, errors)
 
-    def verify(self, items: Sequence[RoundItem | Exception]) -> list[Result]:
+    def verify(self, items: Sequence[RoundItem | Exception], feature_layers: Sequence[int] = (),
+               feature_window: int = 0) -> list[Result]:
+        """Verify external drafts; features only where asked for (never for an embedded drafter)."""
+        layers = self.check_feature_layers(feature_layers)
         ids = [it.request_id if isinstance(it, RoundItem) else None for it in items]
         ok, errors = self._unique_running([i or "" for i in ids])
         for i, it in enumerate(items):
@@ -78,7 +115,7 @@ class VerifierEngine:
                 errors[i] = ValueError(f"draft_tokens: {len(items[i].drafts)} drafts exceed what "
                                        f"{ids[i]} may take this round")
                 ok.remove(i)
-        outputs = self.decoder.run_round([items[i] for i in ok]) if ok else []
+        outputs = self._round([items[i] for i in ok], layers, feature_window)
         return _fill(len(items), ok, outputs, errors)
 
     def step(self, ids: Sequence[str], ks: Sequence[int]) -> list[Result]:

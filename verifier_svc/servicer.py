@@ -21,9 +21,13 @@ def verdict(request_id: str, result: Result) -> verifier_pb2.Verdict:
         return verifier_pb2.Verdict(request_id=request_id, error=message_for(result),
                                     error_code=code_for(result).value[0])
     o: RequestOutput = result
-    return verifier_pb2.Verdict(request_id=request_id, accepted=o.round_accepted, drafted=o.round_drafted,
-                                committed=tensors.encode(o.new_token_ids, "int32"), text=o.text_delta,
-                                finish_reason=convert.finish_to_pb(o.finish_reason))
+    v = verifier_pb2.Verdict(request_id=request_id, accepted=o.round_accepted, drafted=o.round_drafted,
+                             committed=tensors.encode(o.new_token_ids, "int32"), text=o.text_delta,
+                             finish_reason=convert.finish_to_pb(o.finish_reason))
+    if o.features is not None:
+        v.features.CopyFrom(tensors.encode(o.features, "bfloat16"))
+        v.features_start = o.features_start
+    return v
 
 
 def _convert(fn: Callable, *args):
@@ -53,14 +57,22 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         probs = convert.draft_probs_from_pb(it.draft_probs, drafts, self.vocab) if it.HasField("draft_probs") else None
         return RoundItem(it.request_id, drafts, probs)
 
+    async def _engine_call(self, context, fn, *args):
+        try:
+            return await self.run(fn, *args)
+        except ValueError as exc:  # a call-level field (feature_layers); per-item errors never get here
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
     async def Prefill(self, request, context):
         items = [_convert(self._prefill_item, it) for it in request.items]
-        results = await self.run(self.engine.prefill, items)
+        results = await self._engine_call(context, self.engine.prefill, items, list(request.feature_layers),
+                                          request.feature_window)
         return verifier_pb2.VerifyResponse(verdicts=[verdict(it.request_id, r) for it, r in zip(request.items, results)])
 
     async def Verify(self, request, context):
         items = [_convert(self._round_item, it) for it in request.items]
-        results = await self.run(self.engine.verify, items)
+        results = await self._engine_call(context, self.engine.verify, items, list(request.feature_layers),
+                                          request.feature_window)
         return verifier_pb2.VerifyResponse(verdicts=[verdict(it.request_id, r) for it, r in zip(request.items, results)])
 
     async def Step(self, request, context):

@@ -137,3 +137,32 @@ def test_drafter_service_sizes_its_kv_without_a_setting(smollm_path):
     assert runner.capacity_tokens == -(-want // 16) * 16 and runner.cache.k.shape[0] == 2
     [r] = eng.draft([DraftItem("a", 0, [1, 2, 3], 2, GREEDY)])
     assert len(r.tokens) == 2
+
+
+def test_split_rounds_carry_target_features_to_an_eagle_drafter(smollm):
+    """Verifier and drafter engines as the split services run them: the verifier returns the features of the
+    positions it verified (cut to a window), the drafter drafts from them; output stays plain greedy."""
+    prompt = smollm.tokenizer.encode_chat([{"role": "user", "content": "Explain how rain forms."}])
+    ref = make_decoder(smollm, "none").generate([prompt], GREEDY)[0].new_token_ids
+    config = EngineConfig(kv_cache_tokens=4096, k=3)
+    drafter = DrafterEngine(build_drafter(DraftSpec.parse("auto"), smollm, config), smollm.config.vocab_size, 8)
+    layers, window = drafter.feature_layers, 16
+    assert layers and drafter.feature_size == len(layers) * smollm.config.hidden_size
+    eng = VerifierEngine(make_decoder(smollm, "none", k=3))
+    with pytest.raises(ValueError, match="^feature_layers:"):
+        eng.verify([], feature_layers=[0, 99])
+    [o] = eng.prefill([PrefillItem("r", prompt, [], GREEDY)], layers, window)
+    assert o.features.shape == (window, drafter.feature_size) and o.features_start == len(prompt) - window
+    tokens, sent, accepted = prompt + o.new_token_ids, 0, 0
+    feats = (o.features_start, o.features)
+    while "r" in eng.decoder.requests:
+        [d] = drafter.draft([DraftItem("r", sent, tokens[sent:], 3, GREEDY, feats[1], feats[0])])
+        sent = len(tokens)
+        r = eng.decoder.requests["r"]
+        [o] = eng.verify([RoundItem("r", d.tokens[: eng.decoder.draft_len(r, 3)])], layers, window)
+        tokens += o.new_token_ids
+        accepted += o.round_accepted
+        if o.features is not None:  # the positions verified this round: the unseen token + accepted drafts
+            assert o.features_start == sent - 1 and o.features.shape[0] == o.round_accepted + 1
+            feats = (o.features_start, o.features)
+    assert tokens[len(prompt):] == ref and accepted > 0

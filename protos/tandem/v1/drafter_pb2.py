@@ -25,23 +25,27 @@ _sym_db = _symbol_database.Default()
 from protos.tandem.v1 import common_pb2 as protos_dot_tandem_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/tandem/v1/drafter.proto\x12\ttandem.v1\x1a\x1dprotos/tandem/v1/common.proto\"\x89\x01\n\tDraftItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12!\n\x06tokens\x18\x03 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\t\n\x01k\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"3\n\x0c\x44raftRequest\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.tandem.v1.DraftItem\"\xa8\x01\n\x0b\x44raftResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.tandem.v1.DraftStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12!\n\x06tokens\x18\x04 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12+\n\x05probs\x18\x05 \x01(\x0b\x32\x1c.tandem.v1.DraftDistribution\"8\n\rDraftResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.tandem.v1.DraftResult*U\n\x0b\x44raftStatus\x12\x13\n\x0f\x44RAFT_STATUS_OK\x10\x00\x12\x17\n\x13\x44RAFT_STATUS_RESYNC\x10\x01\x12\x18\n\x14\x44RAFT_STATUS_INVALID\x10\x02\x32\x87\x01\n\x07\x44rafter\x12:\n\x05\x44raft\x12\x17.tandem.v1.DraftRequest\x1a\x18.tandem.v1.DraftResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/tandem/v1/drafter.proto\x12\ttandem.v1\x1a\x1dprotos/tandem/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"`\n\x0b\x44rafterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rdeterministic\x18\x02 \x01(\x08\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\x03 \x03(\r\x12\x14\n\x0c\x66\x65\x61ture_size\x18\x04 \x01(\r\"\xc6\x01\n\tDraftItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12!\n\x06tokens\x18\x03 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\t\n\x01k\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12#\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\x16\n\x0e\x66\x65\x61tures_start\x18\x07 \x01(\x04\"3\n\x0c\x44raftRequest\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.tandem.v1.DraftItem\"\xa8\x01\n\x0b\x44raftResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.tandem.v1.DraftStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12!\n\x06tokens\x18\x04 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12+\n\x05probs\x18\x05 \x01(\x0b\x32\x1c.tandem.v1.DraftDistribution\"8\n\rDraftResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.tandem.v1.DraftResult*U\n\x0b\x44raftStatus\x12\x13\n\x0f\x44RAFT_STATUS_OK\x10\x00\x12\x17\n\x13\x44RAFT_STATUS_RESYNC\x10\x01\x12\x18\n\x14\x44RAFT_STATUS_INVALID\x10\x02\x32\xc7\x01\n\x07\x44rafter\x12:\n\x05\x44raft\x12\x17.tandem.v1.DraftRequest\x1a\x18.tandem.v1.DraftResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12>\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x16.tandem.v1.DrafterInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.tandem.v1.drafter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTSTATUS']._serialized_start=498
-  _globals['_DRAFTSTATUS']._serialized_end=583
-  _globals['_DRAFTITEM']._serialized_start=77
-  _globals['_DRAFTITEM']._serialized_end=214
-  _globals['_DRAFTREQUEST']._serialized_start=216
-  _globals['_DRAFTREQUEST']._serialized_end=267
-  _globals['_DRAFTRESULT']._serialized_start=270
-  _globals['_DRAFTRESULT']._serialized_end=438
-  _globals['_DRAFTRESPONSE']._serialized_start=440
-  _globals['_DRAFTRESPONSE']._serialized_end=496
-  _globals['_DRAFTER']._serialized_start=586
-  _globals['_DRAFTER']._serialized_end=721
+  _globals['_DRAFTSTATUS']._serialized_start=676
+  _globals['_DRAFTSTATUS']._serialized_end=761
+  _globals['_DESCRIBEREQUEST']._serialized_start=76
+  _globals['_DESCRIBEREQUEST']._serialized_end=93
+  _globals['_DRAFTERINFO']._serialized_start=95
+  _globals['_DRAFTERINFO']._serialized_end=191
+  _globals['_DRAFTITEM']._serialized_start=194
+  _globals['_DRAFTITEM']._serialized_end=392
+  _globals['_DRAFTREQUEST']._serialized_start=394
+  _globals['_DRAFTREQUEST']._serialized_end=445
+  _globals['_DRAFTRESULT']._serialized_start=448
+  _globals['_DRAFTRESULT']._serialized_end=616
+  _globals['_DRAFTRESPONSE']._serialized_start=618
+  _globals['_DRAFTRESPONSE']._serialized_end=674
+  _globals['_DRAFTER']._serialized_start=764
+  _globals['_DRAFTER']._serialized_end=963
 # @@protoc_insertion_point(module_scope)

@@ -17,19 +17,39 @@ DRAFT_STATUS_OK: DraftStatus
 DRAFT_STATUS_RESYNC: DraftStatus
 DRAFT_STATUS_INVALID: DraftStatus
 
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrafterInfo(_message.Message):
+    __slots__ = ("name", "deterministic", "feature_layers", "feature_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    deterministic: bool
+    feature_layers: _containers.RepeatedScalarFieldContainer[int]
+    feature_size: int
+    def __init__(self, name: _Optional[str] = ..., deterministic: _Optional[bool] = ..., feature_layers: _Optional[_Iterable[int]] = ..., feature_size: _Optional[int] = ...) -> None: ...
+
 class DraftItem(_message.Message):
-    __slots__ = ("request_id", "start", "tokens", "k", "sampling")
+    __slots__ = ("request_id", "start", "tokens", "k", "sampling", "features", "features_start")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_START_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     start: int
     tokens: _common_pb2.Tensor
     k: int
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., start: _Optional[int] = ..., tokens: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    features: _common_pb2.Tensor
+    features_start: int
+    def __init__(self, request_id: _Optional[str] = ..., start: _Optional[int] = ..., tokens: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., features: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., features_start: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("items",)

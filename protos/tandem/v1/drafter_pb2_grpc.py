@@ -47,6 +47,11 @@ class DrafterStub:
                 request_serializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/tandem.v1.Drafter/Describe',
+                request_serializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DrafterInfo.FromString,
+                _registered_method=True)
 
 
 class DrafterServicer:
@@ -67,6 +72,13 @@ class DrafterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Describe(self, request, context):
+        """What this drafter is and what it needs from the verifier.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DrafterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +91,11 @@ def add_DrafterServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
                     response_serializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DescribeRequest.FromString,
+                    response_serializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DrafterInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +154,33 @@ class Drafter:
             '/tandem.v1.Drafter/Release',
             protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
             protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Drafter/Describe',
+            protos_dot_tandem_dot_v1_dot_drafter__pb2.DescribeRequest.SerializeToString,
+            protos_dot_tandem_dot_v1_dot_drafter__pb2.DrafterInfo.FromString,
             options,
             channel_credentials,
             insecure,

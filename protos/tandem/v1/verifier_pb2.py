@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.tandem.v1 import common_pb2 as protos_dot_tandem_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/tandem/v1/verifier.proto\x12\ttandem.v1\x1a\x1dprotos/tandem/v1/common.proto\"\x94\x01\n\x0bPrefillItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12!\n\x06output\x18\x03 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"7\n\x0ePrefillRequest\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.tandem.v1.PrefillItem\"|\n\nVerifyItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x0c\x64raft_tokens\x18\x02 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\x31\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x1c.tandem.v1.DraftDistribution\"5\n\rVerifyRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.tandem.v1.VerifyItem\")\n\x08StepItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\"1\n\x0bStepRequest\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.tandem.v1.StepItem\"\xc7\x01\n\x07Verdict\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x08 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x04 \x01(\r\x12$\n\tcommitted\x18\x05 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\x0c\n\x04text\x18\x06 \x01(\t\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.tandem.v1.FinishReason\"6\n\x0eVerifyResponse\x12$\n\x08verdicts\x18\x01 \x03(\x0b\x32\x12.tandem.v1.Verdict2\x87\x02\n\x08Verifier\x12?\n\x07Prefill\x12\x19.tandem.v1.PrefillRequest\x1a\x19.tandem.v1.VerifyResponse\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12\x39\n\x04Step\x12\x16.tandem.v1.StepRequest\x1a\x19.tandem.v1.VerifyResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/tandem/v1/verifier.proto\x12\ttandem.v1\x1a\x1dprotos/tandem/v1/common.proto\"\x94\x01\n\x0bPrefillItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12!\n\x06output\x18\x03 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"g\n\x0ePrefillRequest\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.tandem.v1.PrefillItem\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\x02 \x03(\r\x12\x16\n\x0e\x66\x65\x61ture_window\x18\x03 \x01(\r\"|\n\nVerifyItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x0c\x64raft_tokens\x18\x02 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\x31\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x1c.tandem.v1.DraftDistribution\"e\n\rVerifyRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.tandem.v1.VerifyItem\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\x02 \x03(\r\x12\x16\n\x0e\x66\x65\x61ture_window\x18\x03 \x01(\r\")\n\x08StepItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\"1\n\x0bStepRequest\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.tandem.v1.StepItem\"\x84\x02\n\x07Verdict\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x08 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x04 \x01(\r\x12$\n\tcommitted\x18\x05 \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\x0c\n\x04text\x18\x06 \x01(\t\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.tandem.v1.FinishReason\x12#\n\x08\x66\x65\x61tures\x18\t \x01(\x0b\x32\x11.tandem.v1.Tensor\x12\x16\n\x0e\x66\x65\x61tures_start\x18\n \x01(\x04\"6\n\x0eVerifyResponse\x12$\n\x08verdicts\x18\x01 \x03(\x0b\x32\x12.tandem.v1.Verdict2\x87\x02\n\x08Verifier\x12?\n\x07Prefill\x12\x19.tandem.v1.PrefillRequest\x1a\x19.tandem.v1.VerifyResponse\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12\x39\n\x04Step\x12\x16.tandem.v1.StepRequest\x1a\x19.tandem.v1.VerifyResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLITEM']._serialized_start=78
   _globals['_PREFILLITEM']._serialized_end=226
   _globals['_PREFILLREQUEST']._serialized_start=228
-  _globals['_PREFILLREQUEST']._serialized_end=283
-  _globals['_VERIFYITEM']._serialized_start=285
-  _globals['_VERIFYITEM']._serialized_end=409
-  _globals['_VERIFYREQUEST']._serialized_start=411
-  _globals['_VERIFYREQUEST']._serialized_end=464
-  _globals['_STEPITEM']._serialized_start=466
-  _globals['_STEPITEM']._serialized_end=507
-  _globals['_STEPREQUEST']._serialized_start=509
-  _globals['_STEPREQUEST']._serialized_end=558
-  _globals['_VERDICT']._serialized_start=561
-  _globals['_VERDICT']._serialized_end=760
-  _globals['_VERIFYRESPONSE']._serialized_start=762
-  _globals['_VERIFYRESPONSE']._serialized_end=816
-  _globals['_VERIFIER']._serialized_start=819
-  _globals['_VERIFIER']._serialized_end=1082
+  _globals['_PREFILLREQUEST']._serialized_end=331
+  _globals['_VERIFYITEM']._serialized_start=333
+  _globals['_VERIFYITEM']._serialized_end=457
+  _globals['_VERIFYREQUEST']._serialized_start=459
+  _globals['_VERIFYREQUEST']._serialized_end=560
+  _globals['_STEPITEM']._serialized_start=562
+  _globals['_STEPITEM']._serialized_end=603
+  _globals['_STEPREQUEST']._serialized_start=605
+  _globals['_STEPREQUEST']._serialized_end=654
+  _globals['_VERDICT']._serialized_start=657
+  _globals['_VERDICT']._serialized_end=917
+  _globals['_VERIFYRESPONSE']._serialized_start=919
+  _globals['_VERIFYRESPONSE']._serialized_end=973
+  _globals['_VERIFIER']._serialized_start=976
+  _globals['_VERIFIER']._serialized_end=1239
 # @@protoc_insertion_point(module_scope)

@@ -20,10 +20,14 @@ class PrefillItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "feature_layers", "feature_window")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_WINDOW_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PrefillItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[PrefillItem, _Mapping]]] = ...) -> None: ...
+    feature_layers: _containers.RepeatedScalarFieldContainer[int]
+    feature_window: int
+    def __init__(self, items: _Optional[_Iterable[_Union[PrefillItem, _Mapping]]] = ..., feature_layers: _Optional[_Iterable[int]] = ..., feature_window: _Optional[int] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
     __slots__ = ("request_id", "draft_tokens", "draft_probs")
@@ -36,10 +40,14 @@ class VerifyItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., draft_tokens: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., draft_probs: _Optional[_Union[_common_pb2.DraftDistribution, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "feature_layers", "feature_window")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_WINDOW_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ...) -> None: ...
+    feature_layers: _containers.RepeatedScalarFieldContainer[int]
+    feature_window: int
+    def __init__(self, items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., feature_layers: _Optional[_Iterable[int]] = ..., feature_window: _Optional[int] = ...) -> None: ...
 
 class StepItem(_message.Message):
     __slots__ = ("request_id", "k")
@@ -56,7 +64,7 @@ class StepRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[StepItem, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("request_id", "error", "error_code", "accepted", "drafted", "committed", "text", "finish_reason")
+    __slots__ = ("request_id", "error", "error_code", "accepted", "drafted", "committed", "text", "finish_reason", "features", "features_start")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +73,8 @@ class Verdict(_message.Message):
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_START_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     error: str
     error_code: int
@@ -73,7 +83,9 @@ class Verdict(_message.Message):
     committed: _common_pb2.Tensor
     text: str
     finish_reason: _common_pb2.FinishReason
-    def __init__(self, request_id: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., accepted: _Optional[int] = ..., drafted: _Optional[int] = ..., committed: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
+    features: _common_pb2.Tensor
+    features_start: int
+    def __init__(self, request_id: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., accepted: _Optional[int] = ..., drafted: _Optional[int] = ..., committed: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., features: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., features_start: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("verdicts",)
