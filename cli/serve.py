@@ -15,7 +15,9 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
                    help="gateway port; the verifier takes PORT+1 and the drafter PORT+2 (default 50051)")
     p.add_argument("--colocated", action="store_true",
                    help="no drafter service: the verifier drafts itself and runs whole rounds (Step)")
-    p.add_argument("--draft", default="ngram", help="ngram[:N], layerskip:N or a draft model PATH (default ngram)")
+    p.add_argument("--draft", default="auto",
+                   help="auto (the trained drafter shipped for the model, else ngram), ngram[:N], layerskip:N or a "
+                        "drafter PATH (default auto)")
     p.add_argument("--model", help="target GGUF file or Hugging Face directory (default SmolLM2)")
     p.add_argument("--device", help="cpu or cuda[:N] (default cuda when present)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])

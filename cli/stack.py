@@ -37,7 +37,7 @@ class StackConfig:
     verifier_port: int | None = None  # default port + 1
     drafter_port: int | None = None   # default port + 2
     colocated: bool = False
-    draft: str = "ngram"
+    draft: str = "auto"
     model: str | None = None
     device: str | None = None
     dtype: str | None = None

@@ -9,7 +9,7 @@ import torch
 
 from engine.assets import default_model_path
 from engine.config import EngineConfig
-from engine.drafters import DraftSpec, build_drafter
+from engine.drafters import DraftSpec, build_drafter, resolve_draft
 from engine.models.loader import LoadedModel, load_model
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
@@ -37,6 +37,7 @@ def build_engine(model: str | Path | None, draft: str | DraftSpec, config: Engin
     path = Path(model) if model else default_model_path(quiet=not progress)
     spec = draft if isinstance(draft, DraftSpec) else DraftSpec.parse(draft)
     target = load_model(path, device=config.device, dtype=config.torch_dtype, progress=progress)
+    spec = resolve_draft(spec, target.config, quiet=not progress)
     runner = ModelRunner(target.model, config)
     drafter = build_drafter(spec, target, config)
     return Engine(SpecDecoder(runner, target.tokenizer, config, drafter), target, config, spec)

@@ -27,7 +27,8 @@ class ServerSettings(TandemSettings):
 
 class EngineSettings(ServerSettings):
     model: str | None = Field(None, description="target GGUF file or Hugging Face directory (default SmolLM2)")
-    draft: str = Field("ngram", description="ngram[:N], layerskip:N, PATH or none")
+    draft: str = Field("auto", description="auto (the trained drafter shipped for the model, else ngram), "
+                                           "ngram[:N], layerskip:N, PATH or none")
     k: int = Field(4, ge=0, le=32, description="default draft tokens per round")
     max_k: int = Field(8, ge=0, le=32, description="largest k a request may ask for")
     device: str | None = Field(None, description="cpu or cuda[:N] (default cuda when present)")

@@ -1,6 +1,8 @@
 """Drafter registry: ``--draft`` text -> a typed ``DraftSpec`` -> a drafter, imported lazily.
 
-Forms: ``none`` (plain decoding), ``ngram`` or ``ngram:N`` (prompt lookup, n-grams up to N),
+Forms: ``auto`` (the default: the trained drafter that ships for this target under
+``engine/drafters/trained/``, else ``ngram``), ``none`` (plain decoding), ``ngram`` or
+``ngram:N`` (prompt lookup, n-grams up to N),
 ``layerskip:N`` (the target's first N layers as a self-draft), or a path: a directory written
 by ``tandem train-draft --kind eagle`` (an EAGLE head) or a Llama-family checkpoint (GGUF file
 or Hugging Face directory) sharing the target's tokenizer.
@@ -9,6 +11,8 @@ or Hugging Face directory) sharing the target's tokenizer.
 from __future__ import annotations
 
 import importlib
+import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -16,25 +20,26 @@ from typing import TYPE_CHECKING, Literal
 from engine.drafters.base import Drafter, DraftProposal, DraftRequest
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, ModelConfig
     from engine.models.loader import LoadedModel
 
-__all__ = ["DraftProposal", "DraftRequest", "Drafter", "DraftSpec", "build_drafter"]
+__all__ = ["DraftProposal", "DraftRequest", "Drafter", "DraftSpec", "build_drafter", "resolve_draft"]
 
-DEFAULT_DRAFT = "ngram"
+DEFAULT_DRAFT = "auto"
+TRAINED_DIR = Path(__file__).resolve().parent / "trained"  # drafters trained by `tandem train-draft`, shipped
 
 
 @dataclass(frozen=True)
 class DraftSpec:
-    kind: Literal["none", "ngram", "layerskip", "model", "eagle"]
+    kind: Literal["auto", "none", "ngram", "layerskip", "model", "eagle"]
     size: int | None = None   # ngram: max n; layerskip: number of layers
     path: Path | None = None  # model: the draft checkpoint
 
     @classmethod
     def parse(cls, text: str) -> "DraftSpec":
         name, _, arg = text.strip().partition(":")
-        if name == "none" and not arg:
-            return cls("none")
+        if name in ("none", "auto") and not arg:
+            return cls(name)
         if name in ("ngram", "layerskip"):
             if name == "layerskip" and not arg:
                 raise ValueError("draft: layerskip needs a layer count, e.g. layerskip:4")
@@ -47,7 +52,7 @@ class DraftSpec:
             return cls(name, size=size)
         path = Path(text).expanduser()
         if not path.exists():
-            raise ValueError(f"draft: {text!r} is not ngram[:N], layerskip:N, none, "
+            raise ValueError(f"draft: {text!r} is not auto, ngram[:N], layerskip:N, none, "
                              "or an existing GGUF file / Hugging Face directory")
         from engine.models.eagle import is_eagle_dir
 
@@ -68,7 +73,38 @@ _REGISTRY = {
 }
 
 
+def trained_drafter_for(target: "ModelConfig") -> Path | None:
+    """The shipped drafter trained for this target architecture (every field but the name equal), if any."""
+    import dataclasses
+
+    from engine.models.eagle import EagleConfig, is_eagle_dir
+
+    if not TRAINED_DIR.is_dir():
+        return None
+    want = dataclasses.replace(target, name="")
+    for d in sorted(TRAINED_DIR.iterdir()):
+        cfg = d / "config.json"
+        if is_eagle_dir(d) and dataclasses.replace(EagleConfig.from_json(json.loads(cfg.read_text())).target,
+                                                  name="") == want:
+            return d
+    return None
+
+
+def resolve_draft(spec: DraftSpec, target: "ModelConfig", quiet: bool = False) -> DraftSpec:
+    """``auto`` -> the shipped trained drafter for this target, else ``ngram`` (said on stderr); others as given."""
+    if spec.kind != "auto":
+        return spec
+    path = trained_drafter_for(target)
+    chosen = DraftSpec("ngram") if path is None else DraftSpec("eagle", path=path)
+    if not quiet:
+        why = f"the trained drafter for this model, {path.name}" if path else \
+            "no trained drafter ships for this model, so prompt lookup (ngram)"
+        print(f"tandem: --draft auto: {why}", file=sys.stderr)
+    return chosen
+
+
 def build_drafter(spec: DraftSpec, target: "LoadedModel", config: "EngineConfig") -> Drafter | None:
+    spec = resolve_draft(spec, target.config, quiet=True)
     if spec.kind == "none":
         return None
     module, _, factory = _REGISTRY[spec.kind].partition(":")
