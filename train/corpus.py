@@ -122,7 +122,7 @@ def save(samples: list[Sample], path: Path) -> None:
     np.savez_compressed(path, tokens=np.asarray(flat, dtype=dtype),
                         lengths=np.asarray([len(s.tokens) for s in samples], dtype=np.int32),
                         prompt_lens=np.asarray([s.prompt_len for s in samples], dtype=np.int32),
-                        temperatures=np.asarray([s.temperature for s in samples], dtype=np.float32))
+                        temperatures=np.asarray([s.temperature for s in samples], dtype=np.float64))
 
 
 def load(path: Path) -> list[Sample]:

@@ -1,0 +1,134 @@
+"""train-draft on a tiny target: the loss falls, saved drafters load back and draft the same, the
+exported draft LM loads in transformers, the corpus never reads evaluation prompts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, ModelConfig, SamplingParams
+from engine.drafters import DraftRequest, DraftSpec, build_drafter
+from engine.models.eagle import EagleHead, load_eagle, save_eagle
+from engine.models.llama import LlamaForCausalLM
+from engine.models.loader import LoadedModel, load_model
+from train import corpus
+from train.export import save_hf
+from train.objectives import eagle_loss, lm_loss, teacher
+from train.pipeline import build_eagle, build_lm, serving_copy
+from train.trainer import TrainConfig, train
+
+GREEDY = SamplingParams(max_tokens=8, seed=0)
+
+
+def tiny_target(vocab: int, tokenizer, source) -> LoadedModel:
+    """A random 3-layer Llama with confident (peaked) next-token distributions."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position=256, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                      name="tiny")
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 1.0 if "embed" in name else 0.2) if p.ndim > 1 else p.fill_(1.0)
+    return LoadedModel(model.eval().requires_grad_(False), cfg, tokenizer, source, 3)
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm) -> LoadedModel:
+    """With SmolLM2's vocabulary and tokenizer, so a drafter trained on it exports as a real checkpoint."""
+    return tiny_target(smollm.config.vocab_size, smollm.tokenizer, smollm.source)
+
+
+def _samples(n: int = 24, length: int = 40) -> list[corpus.Sample]:
+    """Sequences over 40 token ids with a repeating structure the drafter can learn."""
+    rng = random.Random(0)
+    out = []
+    for _ in range(n):
+        motif = [rng.randrange(100, 140) for _ in range(5)]  # ids < 256: fit every tiny vocabulary
+        out.append(corpus.Sample((motif * 10)[:length], 6, 0.0))
+    return out
+
+
+def _bf16(model: torch.nn.Module) -> None:
+    """Round the weights to what a saved (bfloat16) checkpoint holds, so both copies are identical."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
+
+
+CFG = TrainConfig(lr=3e-3, warmup_steps=2, max_steps=60, time_budget_s=600, batch_tokens=512, max_len=64,
+                  eval_every=0)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "lm"])
+def test_training_lowers_the_loss(kind):
+    tm = tiny_target(256, None, None).model  # a small vocabulary keeps the steps fast
+    torch.manual_seed(0)
+    if kind == "eagle":
+        model = build_eagle(tm, (0, 2))
+
+        def step(batch):
+            return eagle_loss(model, batch, teacher(tm, batch, model.eagle.aux_layers), unroll=2)
+    else:
+        model = build_lm(tm, 1, "slice")
+
+        def step(batch):
+            return lm_loss(model, batch, teacher(tm, batch), hard_weight=0.25)
+    history = train([p for p in model.parameters() if p.requires_grad], _samples(), step, CFG,
+                    torch.device("cpu"), log=lambda m: None)
+    assert len(history) == CFG.max_steps
+    first = sum(h["loss"] for h in history[:5]) / 5
+    last = sum(h["loss"] for h in history[-5:]) / 5
+    assert last < 0.7 * first, (first, last)
+    assert history[-1]["agree"][0] > history[0]["agree"][0]
+
+
+def test_saved_eagle_head_loads_back_and_drafts_the_same(tiny, tmp_path):
+    head = build_eagle(tiny.model, (0, 2))
+    _bf16(head)
+    save_eagle(head, tmp_path / "head")
+    config = EngineConfig(kv_cache_tokens=1024, k=3)
+    loaded = load_eagle(tmp_path / "head", tiny.model, "cpu", torch.float32)
+    assert isinstance(loaded, EagleHead) and DraftSpec.parse(str(tmp_path / "head")).kind == "eagle"
+    tokens = _samples(1)[0].tokens
+    from engine.runner import Chunk, ModelRunner
+
+    aux = ModelRunner(tiny.model, config).run([Chunk("a", tokens)], aux_layers=(0, 2)).aux
+    req = [DraftRequest("r", tokens, 3, GREEDY, aux[: len(tokens) - 1], 0)]
+    a = serving_copy(head, tiny, config).propose(req).token_ids
+    b = build_drafter(DraftSpec.parse(str(tmp_path / "head")), tiny, config).propose(req).token_ids
+    assert a == b and len(a[0]) == 3
+
+
+def test_saved_draft_lm_loads_back_in_tandem_and_transformers(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    lm = build_lm(tiny.model, 2, "slice")
+    _bf16(lm)
+    save_hf(lm, tiny.tokenizer, tmp_path / "lm")
+    config = EngineConfig(kv_cache_tokens=1024, k=3)
+    tokens = _samples(1)[0].tokens
+    req = [DraftRequest("r", tokens, 3, GREEDY)]
+    a = serving_copy(lm, tiny, config).propose(req).token_ids
+    drafter = build_drafter(DraftSpec.parse(str(tmp_path / "lm")), tiny, config)
+    assert drafter.propose(req).token_ids == a
+    # the same directory is a Hugging Face checkpoint (e.g. an assistant_model for assisted generation)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "lm"), dtype=torch.float32).eval()
+    ours = load_model(tmp_path / "lm", progress=False).model
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        want = hf(ids).logits[0]
+        from engine.runner import Chunk, ModelRunner
+
+        got = ModelRunner(ours, config).run([Chunk("x", tokens, num_logits=len(tokens))]).logits
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_corpus_never_reaches_evaluation_prompts(smollm, tmp_path):
+    with pytest.raises(ValueError, match="evaluation-only"):
+        corpus.chat_prompts(smollm.tokenizer, 15900, 16001, 4, 384)
+    samples = _samples(3) + [corpus.Sample([1, 2, 3, 49151], 2, 0.7)]
+    corpus.save(samples, tmp_path / "c.npz")
+    assert corpus.load(tmp_path / "c.npz") == samples
