@@ -30,6 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
     g.add_argument("--kv-cache-tokens", type=int,
                    help="KV cache capacity in tokens (default: 1 GiB worth on cpu, 8 GiB on cuda)")
     g.add_argument("--max-batch-size", type=int, default=64, help="requests per round (default 64)")
+    g.add_argument("--max-round-tokens", type=int,
+                   help="token budget of one target forward: running requests first, then prompts in chunks "
+                        "(chunked prefill, so arrivals do not stall running streams); default: no budget")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +53,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     device = args.device or default_device()
     return EngineConfig(device=device, dtype=args.dtype or default_dtype(device), attention=args.attention,
                         kv_cache_tokens=args.kv_cache_tokens, max_batch_size=args.max_batch_size,
-                        k=args.k, max_k=max(8, min(args.k, 32)))
+                        k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -108,6 +108,7 @@ class EngineConfig:
     k: int = 4
     max_context: int | None = None  # None: the model's max_position
     draft_top_m: int = 0  # sampled drafts: draw from (and send) only the top m tokens; 0 = the full distribution
+    max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -123,6 +124,8 @@ class EngineConfig:
         _require(0 <= self.max_k <= 32, "max_k", f"must be in [0, 32], got {self.max_k}")
         _require(0 <= self.k <= self.max_k, "k", f"must be in [0, max_k={self.max_k}], got {self.k}")
         _require(self.draft_top_m >= 0, "draft_top_m", f"must be >= 0, got {self.draft_top_m}")
+        _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
+                 f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
 
     @property
     def torch_dtype(self):

@@ -24,7 +24,7 @@ from engine.models.llama import LlamaForCausalLM
 class Chunk:
     seq_id: str
     token_ids: Sequence[int]  # appended at positions [len(kv), len(kv) + len(token_ids))
-    num_logits: int = 1       # logits wanted for the last num_logits of these tokens
+    num_logits: int = 1       # logits wanted for the last num_logits of these tokens (0: KV only, a prefill chunk)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class ModelRunner:
         q_lens, kv_lens, tables, logit_rows = [], [], [], []
         for c in chunks:
             n = len(c.token_ids)
-            if n == 0 or not 0 < c.num_logits <= n:
+            if n == 0 or not 0 <= c.num_logits <= n:
                 raise ValueError(f"chunk {c.seq_id}: {n} tokens, {c.num_logits} logits")
             start = alloc.length(c.seq_id)
             alloc.extend(c.seq_id, start + n)

@@ -44,11 +44,17 @@ class CapacityError(RuntimeError):
 
 @dataclass(frozen=True)
 class RoundItem:
-    """One request's part of a round: its drafts and, for sampled requests, their distribution."""
+    """One request's part of a round: its drafts and, for sampled requests, their distribution.
+
+    ``prefill_chunk``: run only this many of the request's tokens not yet in the target's KV
+    (chunked prefill). Fewer than all of them is a *partial* prefill: no drafts, nothing is
+    verified or committed, the request's KV just grows; None runs them all.
+    """
 
     request_id: str
     drafts: Sequence[int] = ()
     probs: torch.Tensor | None = None  # [len(drafts), V] q; None: one-hot drafts
+    prefill_chunk: int | None = None
 
 
 class SpecDecoder:
@@ -188,13 +194,51 @@ class SpecDecoder:
             items[i] = RoundItem(reqs[i].request_id, drafts, probs)
         return items
 
+    def unseen(self, r: Request) -> int:
+        """Tokens of ``r`` not yet run through the target: 1 once prefilled (the newest token)."""
+        return len(r.token_ids) - self.target.length(r.request_id)
+
+    def plan_round(self, reqs: Sequence[Request]) -> tuple[list[Request], list[int], list[int | None]]:
+        """Who runs this round, with how many drafts and (for prefills) how many prompt tokens.
+
+        Without ``max_round_tokens`` every request runs whole. With it, requests already decoding
+        go first (their 1 + k tokens each: arrivals never stall running streams), then prefills in
+        arrival order take what is left of the budget, chunk by chunk; the first prefill in line
+        always gets at least one KV block's worth so it cannot starve.
+        """
+        budget = self.config.max_round_tokens
+        if budget is None:
+            return list(reqs), [self.draft_len(r) for r in reqs], [None] * len(reqs)
+        decoding = [r for r in reqs if self.unseen(r) == 1]
+        prefilling = [r for r in reqs if self.unseen(r) > 1]
+        run, ks, chunks = [], [], []
+        for r in decoding:
+            run.append(r)
+            ks.append(self.draft_len(r))
+            chunks.append(None)
+        left = budget - sum(1 + k for k in ks)
+        for i, r in enumerate(prefilling):
+            room = max(left, self.config.kv_block_size if i == 0 else 0)
+            k = self.draft_len(r)  # the last chunk takes the request's usual drafts: the output never
+            whole = self.unseen(r) + k <= room  # depends on the budget
+            n = self.unseen(r) if whole else min(self.unseen(r) - 1, room)
+            if n <= 0:
+                break
+            run.append(r)
+            ks.append(k if whole else 0)
+            chunks.append(None if whole else n)
+            left -= n + ks[-1]
+        return run, ks, chunks
+
     def step(self) -> list[RequestOutput]:
-        """Admit queued requests, then run one round for every running request."""
+        """Admit queued requests, then run one round for the running requests the token budget admits."""
         self._admit()
-        reqs = self.running
+        reqs, ks, chunks = self.plan_round(self.running)
         if not reqs:
             return []
-        return self.run_round(self.propose(reqs, [self.draft_len(r) for r in reqs]))
+        items = self.propose(reqs, ks)
+        return self.run_round([dataclasses.replace(it, prefill_chunk=c) if c is not None else it
+                               for it, c in zip(items, chunks)])
 
     def run_round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None = None
                   ) -> list[RequestOutput]:
@@ -202,7 +246,8 @@ class SpecDecoder:
 
         ``feature_layers``: capture these target layers' outputs for a feature-fed drafter
         (default: what the embedded drafter declares); each request queues the features of its
-        newly verified positions (``Request.features``).
+        newly verified positions (``Request.features``). Partial prefills (``prefill_chunk``)
+        only extend their KV and produce no output.
         """
         layers = self.feature_layers if feature_layers is None else tuple(feature_layers)
         reqs = []
@@ -214,20 +259,32 @@ class SpecDecoder:
                 raise ValueError(f"draft_tokens: {len(it.drafts)} drafts exceed what {it.request_id} may take")
             reqs.append(r)
         drafts = [list(it.drafts) for it in items]
-        chunks, starts = [], []
-        for r, d in zip(reqs, drafts):
+        chunks, starts, partial = [], [], []
+        for r, d, it in zip(reqs, drafts, items):
             starts.append(self.target.length(r.request_id))
             unseen = r.token_ids[starts[-1]:]
-            chunks.append(Chunk(r.request_id, unseen + d, num_logits=1 + len(d)))
-        res = self.target.run(chunks, aux_layers=layers)          # logits [sum(1 + n_i), V]
-        out, num_accepted = self._verify(reqs, items, res.logits)
+            partial.append(it.prefill_chunk is not None and it.prefill_chunk < len(unseen))
+            if partial[-1]:
+                if d or it.prefill_chunk < 1:
+                    raise ValueError(f"prefill_chunk: a partial prefill of {it.request_id} takes >= 1 token "
+                                     "and no drafts")
+                chunks.append(Chunk(r.request_id, unseen[: it.prefill_chunk], num_logits=0))
+            else:
+                chunks.append(Chunk(r.request_id, unseen + d, num_logits=1 + len(d)))
+        res = self.target.run(chunks, aux_layers=layers)          # logits [sum(1 + n_i) over full rows, V]
+        offsets = list(itertools.accumulate([len(c.token_ids) for c in chunks], initial=0))
+        for i in (i for i, p in enumerate(partial) if p and res.aux is not None):
+            reqs[i].features.add(starts[i], res.aux[offsets[i]: offsets[i + 1]])
+        full = [i for i, p in enumerate(partial) if not p]
+        if not full:
+            return []
+        out, num_accepted = self._verify([reqs[i] for i in full], [items[i] for i in full], res.logits)
         outputs = []
-        offset = 0
-        for r, d, row, a, start, c in zip(reqs, drafts, out.tolist(), num_accepted.tolist(), starts, chunks):
+        for i, row, a in zip(full, out.tolist(), num_accepted.tolist()):
+            r, d = reqs[i], drafts[i]
             if res.aux is not None:  # features of the positions now verified: unseen + accepted drafts
-                n = len(c.token_ids) - len(d) + a
-                r.features.add(start, res.aux[offset: offset + n])
-            offset += len(c.token_ids)
+                n = len(chunks[i].token_ids) - len(d) + a
+                r.features.add(starts[i], res.aux[offsets[i]: offsets[i] + n])
             r.rounds += 1
             r.accepted += a
             r.drafted += len(d)
@@ -284,17 +341,19 @@ class SpecDecoder:
                 q[i, torch.arange(n, device=dev), torch.tensor(list(it.drafts), device=dev)] = 1.0
         return q
 
-    @staticmethod
-    def _coins(reqs: list[Request], k: int, vocab: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-request random draws: k uniforms and one row of Exponential(1) noise each."""
-        uniforms = torch.empty(len(reqs), k, device=dev)
+    def _coins(self, reqs: list[Request], k: int, vocab: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-request random draws: k uniforms and one row of Exponential(1) noise each.
+
+        Every request draws max_k uniforms per round whatever the batch's k, so its random stream,
+        and with it its seeded output, does not depend on which requests share its rounds."""
+        uniforms = torch.empty(len(reqs), self.config.max_k, device=dev)
         noise = torch.empty(len(reqs), vocab, device=dev)
         for i, r in enumerate(reqs):
             if r.generator is None:
                 r.generator = torch.Generator(device=dev).manual_seed(r.params.seed)
             uniforms[i].uniform_(generator=r.generator)
             noise[i].exponential_(generator=r.generator)
-        return uniforms, noise
+        return uniforms[:, :k], noise
 
     # ------------------------------------------------------------------ convenience
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]

@@ -37,6 +37,8 @@ class EngineSettings(ServerSettings):
     kv_cache_tokens: int | None = Field(None, ge=16)
     max_batch_size: int = Field(64, ge=1)
     draft_top_m: int = Field(32, ge=0, description="sampled drafts cross the wire as their top m tokens")
+    max_round_tokens: int | None = Field(None, ge=16, description="token budget of one target forward (chunked "
+                                                                   "prefill); none: no budget")
 
     @model_validator(mode="after")
     def _k_within_max(self):
@@ -50,7 +52,8 @@ class EngineSettings(ServerSettings):
         device = self.device or default_device()
         return EngineConfig(device=device, dtype=self.dtype or default_dtype(device), attention=self.attention,
                             kv_cache_tokens=self.kv_cache_tokens, max_batch_size=self.max_batch_size,
-                            max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m)
+                            max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m,
+                            max_round_tokens=self.max_round_tokens)
 
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:
