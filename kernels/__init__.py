@@ -1,0 +1,12 @@
+"""Triton kernels for the small steps of a speculative round, one launch each.
+
+- ``greedy_accept``: greedy verification (accepted drafts + recovered/bonus token).
+- ``rejection_accept``: rejection sampling's accept/reject decision from per-position
+  probabilities, and ``sample_final``: the recovered/bonus token by the exponential race.
+- ``kv_slots``: paged-KV slots and positions of the tokens a batch appends.
+- ``next_inputs``: the last committed token and new lengths the next round starts from.
+
+Each module has a validating wrapper (ValueError naming the bad argument) and a pure-torch
+``*_reference``. The kernels need CUDA tensors, or ``TRITON_INTERPRET=1`` set before they
+are imported to run on the CPU. Nothing is imported here, so ``import kernels`` stays cheap.
+"""
