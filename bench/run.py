@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from bench.timing import PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import DraftSpec, build_drafter
 from engine.models.loader import LoadedModel
@@ -70,30 +71,59 @@ def environment() -> dict:
             "torch": torch.__version__, "command": " ".join(["tandem", *sys.argv[1:]])}
 
 
+def _timed_decoder(model: LoadedModel, config: EngineConfig, draft: str) -> tuple[SpecDecoder, PhaseTimer]:
+    """A decoder whose drafter and target forward are timed per round (no extra host syncs)."""
+    decoder = SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config,
+                          build_drafter(DraftSpec.parse(draft), model, config))
+    timer = PhaseTimer(config.device.startswith("cuda"))
+    decoder.target.run = timer.wrap("verify", decoder.target.run)
+    if decoder.drafter is not None:
+        decoder.drafter.propose = timer.wrap("draft", decoder.drafter.propose)
+    decoder.step = timer.wrap("round", decoder.step)
+    return decoder, timer
+
+
+def round_split(timer: PhaseTimer) -> dict:
+    """Mean ms per round: the target forward (verify), the drafter (draft) and the rest on the host."""
+    rounds = max(timer.count("round"), 1)
+    total, verify, draft = (timer.total_ms(p) / rounds for p in ("round", "verify", "draft"))
+    return {"round_ms": round(total, 3), "verify_ms": round(verify, 3), "draft_ms": round(draft, 3),
+            "host_ms": round(total - verify - draft, 3)}
+
+
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
              max_tokens: int, seed: int) -> dict:
-    cfg = dataclasses.replace(config, k=0 if case.draft == "none" else config.k)
-    decoder = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg,
-                          build_drafter(DraftSpec.parse(case.draft), model, cfg))
+    """All prompts, ``case.batch_size`` at a time, arriving together; EOS ignored."""
+    cfg = dataclasses.replace(config, k=0 if case.draft == "none" else config.k,
+                              max_batch_size=max(config.max_batch_size, case.batch_size))
+    decoder, timer = _timed_decoder(model, cfg, case.draft)
     params = [SamplingParams(temperature=case.temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i)
               for i in range(len(prompts))]
     decoder.generate([list(prompts[0])], dataclasses.replace(params[0], max_tokens=8))  # warm-up
+    timer.marks.clear()
+    reset_peak_memory()
+    clock = TokenClock()
     tokens = rounds = committed = 0
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = now_synced()
     for i in range(0, len(prompts), case.batch_size):
-        for o in decoder.generate(prompts[i:i + case.batch_size], params[i:i + case.batch_size]):
-            tokens += len(o.new_token_ids)
-            rounds += o.rounds
-            committed += o.accepted + o.rounds
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
+        t0 = now_synced()
+        for j in range(i, min(i + case.batch_size, len(prompts))):
+            clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{j}"), t0)
+        while decoder.has_unfinished():
+            outs = decoder.step()
+            now = time.perf_counter()  # step() ended on the round's host sync: its tokens exist
+            for o in outs:
+                clock.tokens(o.request_id, len(o.new_token_ids), now)
+                tokens += len(o.new_token_ids)
+                if o.finished:
+                    rounds += o.rounds
+                    committed += o.accepted + o.rounds
+    elapsed = now_synced() - start
     return {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
-            "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3)}
+            "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
+            **clock.summary(), "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
 
 
 def add_speedups(rows: list[dict]) -> list[dict]:
@@ -107,7 +137,8 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "temperature", "k", "tokens_per_s", "acceptance_length",
-            "speedup_vs_plain"]
+            "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms", "draft_ms",
+            "host_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

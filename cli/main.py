@@ -11,6 +11,7 @@ COMMANDS = {
     "generate": "cli.generate",
     "fetch": "cli.fetch",
     "bench": "cli.bench",
+    "bench-plot": "cli.bench_plot",
     "bench-services": "cli.bench_services",
     "eval-draft": "cli.eval_draft",
     "train-draft": "cli.train_draft",

@@ -1,0 +1,107 @@
+"""Per-request token timing for the benches: time to first token and inter-token latency.
+
+A round commits several tokens of a request at once; as the gateway's metrics do, the gap
+since the request's previous tokens is spread evenly over the tokens of the round, so a
+speculative round of 3 tokens after 30 ms counts as three 10 ms inter-token latencies.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class TokenClock:
+    """Arrival, first-token and per-token times of the requests of one run (seconds, perf_counter)."""
+
+    arrival: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+
+    def arrive(self, request_id: str, at: float | None = None) -> None:
+        self.arrival[request_id] = time.perf_counter() if at is None else at
+
+    def tokens(self, request_id: str, n: int, now: float) -> None:
+        if n == 0:
+            return
+        prev = self.last.get(request_id)
+        if prev is None:
+            self.ttft.append(now - self.arrival[request_id])
+        else:
+            self.itl.extend([(now - prev) / n] * n)
+        self.last[request_id] = now
+
+    def summary(self) -> dict:
+        ms = 1e3
+        return {"ttft_ms_p50": _round(percentile(self.ttft, 50), ms), "ttft_ms_p99": _round(percentile(self.ttft, 99), ms),
+                "itl_ms_p50": _round(percentile(self.itl, 50), ms), "itl_ms_p99": _round(percentile(self.itl, 99), ms)}
+
+
+def _round(x: float | None, scale: float) -> float | None:
+    return None if x is None else round(x * scale, 3)
+
+
+def now_synced() -> float:
+    """perf_counter after the device has finished its queued work (the tokens really exist)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def peak_memory_mib() -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
+
+
+def reset_peak_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+class PhaseTimer:
+    """Wall time of named phases of a round, without adding host syncs: CUDA events on the GPU
+    (read once at the end), perf_counter on the CPU. Wrap callables with ``wrap``."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.marks: dict[str, list] = {}
+
+    def _mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            start = self._mark()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.marks.setdefault(name, []).append((start, self._mark()))
+        return timed
+
+    def total_ms(self, name: str) -> float:
+        pairs = self.marks.get(name, [])
+        if self.cuda:
+            torch.cuda.synchronize()
+            return sum(a.elapsed_time(b) for a, b in pairs)
+        return sum(b - a for a, b in pairs) * 1e3
+
+    def count(self, name: str) -> int:
+        return len(self.marks.get(name, []))

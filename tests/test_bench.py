@@ -1,0 +1,58 @@
+"""``tandem bench`` end to end on the CPU (tiny sizes): every engine gets a row with the contract's fields."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.load import arrival_times
+from bench.timing import TokenClock, percentile
+from cli.main import main
+
+
+def test_percentile_and_token_clock():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    c = TokenClock()
+    c.arrive("a", 0.0)
+    c.tokens("a", 1, 0.5)   # first token after 0.5 s
+    c.tokens("a", 3, 0.8)   # a round of 3 tokens 0.3 s later: three gaps of 0.1 s
+    c.tokens("a", 0, 9.0)   # nothing committed: no gap
+    s = c.summary()
+    assert s["ttft_ms_p50"] == 500.0 and s["itl_ms_p50"] == pytest.approx(100.0)
+
+
+def test_poisson_arrivals_are_seeded_and_increasing():
+    a = arrival_times(50, rate=10.0, seed=1)
+    assert a == arrival_times(50, rate=10.0, seed=1) and all(x < y for x, y in zip(a, a[1:]))
+    assert 2.0 < a[-1] < 10.0  # mean gap 0.1 s
+
+
+def test_bench_writes_rows_table_and_plot(tmp_path):
+    code = main(["bench", "--name", "cpu-smoke", "--dataset", "humaneval", "--num-prompts", "2", "--batch-sizes", "1,2",
+                 "--drafts", "none,ngram", "--baselines", "hf-eager,hf-prompt-lookup", "--temperatures", "0",
+                 "--max-tokens", "4", "--arrival-rate", "50", "--round-token-budgets", "0,16", "--device", "cpu",
+                 "--out-dir", str(tmp_path)])
+    assert code == 0
+    rows = json.loads((tmp_path / "cpu-smoke.json").read_text())
+    fixed = [r for r in rows if r.get("scenario") != "poisson"]
+    engines = {(r["engine"], r["batch_size"]) for r in fixed}
+    # prompt lookup runs at batch size 1 only (transformers' limit)
+    assert engines == {("tandem-plain", 1), ("tandem-spec-ngram", 1), ("hf-eager", 1), ("hf-prompt-lookup", 1),
+                       ("tandem-plain", 2), ("tandem-spec-ngram", 2), ("hf-eager", 2)}
+    for r in fixed:
+        for key in ("engine", "batch_size", "dataset", "temperature", "tokens_per_s", "acceptance_length",
+                    "speedup_vs_plain", "commit", "command"):
+            assert key in r
+        assert r["tokens_per_s"] > 0 and r["output_tokens"] == 4 * 2
+        assert r["speedup_vs_plain"] is not None
+    plain = [r for r in fixed if r["engine"] == "tandem-plain"]
+    assert all(r["speedup_vs_plain"] == 1.0 and r["acceptance_length"] == 1.0 for r in plain)
+    assert all(r["ttft_ms_p50"] > 0 and r["round_ms"] >= r["verify_ms"] > 0 for r in plain)
+    load = [r for r in rows if r.get("scenario") == "poisson"]
+    assert {(r["engine"], r["max_round_tokens"]) for r in load} == {
+        ("tandem-plain", None), ("tandem-plain", 16), ("tandem-spec-ngram", None), ("tandem-spec-ngram", 16)}
+    assert all(r["output_tokens"] == 8 and r["ttft_ms_p50"] > 0 for r in load)
+    assert "| engine |" in (tmp_path / "cpu-smoke.md").read_text()
+    assert (tmp_path / "cpu-smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
