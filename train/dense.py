@@ -50,11 +50,18 @@ class CachedAttention:
         self.batch = batch
         self.start = 0
         self.q_len = 0
+        self.mask: torch.Tensor | None = None
 
     def step(self, q_len: int) -> None:
         """The next forward appends q_len tokens per row at columns start .. start + q_len."""
         self.start += self.q_len
         self.q_len = q_len
+        s0, n, dev = self.start, q_len, self.k.device
+        col = torch.arange(s0 + n, device=dev)
+        row = torch.arange(s0, s0 + n, device=dev)
+        mask = (col[None, None, :] <= row[None, :, None]) & (col[None, None, :] >= self.pad[:, None, None])
+        mask |= col[None, None, :] == row[None, :, None]  # padding rows see themselves: no NaN in the cache
+        self.mask = mask[:, None]  # [B, 1, n, S]: built once per forward, shared by every layer
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, s0, n = self.batch, self.start, self.q_len
@@ -62,11 +69,7 @@ class CachedAttention:
         self.v[layer, :, s0:s0 + n] = v.view(b, n, *v.shape[1:])
         keys = self.k[layer, :, : s0 + n].transpose(1, 2)       # [B, Hkv, S, D]
         values = self.v[layer, :, : s0 + n].transpose(1, 2)
-        col = torch.arange(s0 + n, device=q.device)
-        row = torch.arange(s0, s0 + n, device=q.device)
-        mask = (col[None, None, :] <= row[None, :, None]) & (col[None, None, :] >= self.pad[:, None, None])
-        mask |= col[None, None, :] == row[None, :, None]  # padding rows see themselves: no NaN in the cache
-        o = F.scaled_dot_product_attention(_heads(q, b), keys, values, attn_mask=mask[:, None], enable_gqa=True)
+        o = F.scaled_dot_product_attention(_heads(q, b), keys, values, attn_mask=self.mask, enable_gqa=True)
         return _flat(o)
 
 

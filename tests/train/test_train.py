@@ -132,3 +132,14 @@ def test_corpus_never_reaches_evaluation_prompts(smollm, tmp_path):
     samples = _samples(3) + [corpus.Sample([1, 2, 3, 49151], 2, 0.7)]
     corpus.save(samples, tmp_path / "c.npz")
     assert corpus.load(tmp_path / "c.npz") == samples
+
+
+def test_corpus_answers_are_the_targets_greedy_output(smollm):
+    """Left-padded batched generation (prompts of different lengths) answers exactly as the engine does."""
+    from tests.conftest import make_decoder
+
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in ("Hi", "Explain why the sky is blue in two sentences.", "Name a prime number.")]
+    got = corpus.generate(smollm.model, prompts, frozenset(), 12, 0.0, batch_size=3, seed=0)
+    want = make_decoder(smollm, "none").generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert got == [o.new_token_ids for o in want]

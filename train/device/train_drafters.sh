@@ -2,7 +2,8 @@
 # Train both drafter kinds for the default target on the GPU machine, inside one 10-minute call:
 #   source .carry/env/setup.sh && bash train/device/train_drafters.sh
 # The corpus (the target's own answers to ShareGPT prompts < 15800) is generated once into
-# $CORPUS (about 275 s for 6000 prompts on an H100) and reused when it exists; the EAGLE head
+# $CORPUS (about 275 s for 6000 prompts on an H100) and reused when it exists (the one the
+# shipped head was trained on: CORPUS=train/data/smollm2-135m-instruct-6000.npz); the EAGLE head
 # goes first (it is the default drafter), the draft LM gets the time that is left.
 # RESUME=DIR continues the EAGLE head from an earlier run. Results: $STAGE/{eagle,lm}; the
 # small files are copied under $OUT.
