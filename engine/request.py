@@ -86,7 +86,8 @@ class Request:
     def resume(self, output_ids: list[int]) -> None:
         """Take over output committed elsewhere (already delivered: nothing is emitted again)."""
         self.token_ids.extend(output_ids)
-        self.decoder.push(output_ids)
+        for tok in output_ids:  # token by token, as streamed: a split character ends on a clean boundary
+            self.decoder.push([tok])
         self.text = self.decoder.text
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str]:

@@ -140,3 +140,24 @@ def test_seeded_sampling_is_reproducible(smollm, prompts, draft):
     assert alone == again
     assert alone != other_seed
     assert len(alone) == 16
+
+
+def test_resumed_output_ending_inside_a_character_streams_no_text_twice(smollm):
+    """Output moved from a lost verifier may end inside a multi-byte character: the new verifier's text
+    deltas continue exactly where the client's text stopped."""
+    tok = smollm.tokenizer
+    split = tok.encode("Hello 🦙 llama", add_special_tokens=False)
+    first = tok.encode("Hello", add_special_tokens=False)
+    cut = len(first) + 2  # " " + the first bytes of the emoji: a character still open
+    assert tok.decode(split[:cut]).endswith("\ufffd")
+    dec = make_decoder(smollm, "none")
+    prompt = tok.encode_chat([{"role": "user", "content": "Say hello to a llama."}])
+    r = dec.start(prompt, SamplingParams(max_tokens=40, ignore_eos=True), "moved", output_ids=split[:cut])
+    from engine.tokenizer import IncrementalDecoder
+
+    streamed = IncrementalDecoder(tok, skip_special_tokens=True)  # what the old verifier sent, token by token
+    for t in split[:cut]:
+        streamed.push([t])
+    assert r.text == streamed.text and streamed.text.startswith("Hello")
+    kept, delta = r.commit(split[cut:])  # the rest, as if the target had produced it
+    assert streamed.text + delta == "Hello 🦙 llama"
