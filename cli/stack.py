@@ -1,4 +1,9 @@
-"""The whole stack on one machine as separate processes: gateway, verifier and (split mode) drafter."""
+"""The whole stack on one machine as separate processes: gateway, verifier and (split mode) drafter.
+
+With ``verifiers``/``drafters`` > 1 each runs several replicas (processes ``verifier``,
+``verifier-1``, ..., ``drafter``, ``drafter-1``, ...) on consecutive ports, and the gateway is
+given all their addresses.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +39,8 @@ def free_block(n: int) -> int:
 @dataclass
 class StackConfig:
     port: int = 50051                # the gateway's
-    verifier_port: int | None = None  # default port + 1
-    drafter_port: int | None = None   # default port + 2
+    verifier_port: int | None = None  # default port + 1 (replica i: + i)
+    drafter_port: int | None = None   # default after the verifiers' (port + 2 with one verifier)
     colocated: bool = False
     draft: str = "auto"
     model: str | None = None
@@ -44,14 +49,37 @@ class StackConfig:
     k: int | None = None
     max_k: int | None = None
     kv_cache_tokens: int | None = None
-    metrics_port: int | None = None  # gateway; verifier +1, drafter +2
+    metrics_port: int | None = None  # gateway; then the verifiers', then the drafters' (verifier +1, drafter +2)
     extra_env: dict[str, str] = field(default_factory=dict)
     gateway_flags: dict[str, object] = field(default_factory=dict)
+    verifiers: int = 1               # replicas
+    drafters: int = 1                # replicas (split mode)
+
+    def names(self, service: str) -> list[str]:
+        n = self.verifiers if service == "verifier" else 0 if self.colocated else self.drafters
+        return [service if i == 0 else f"{service}-{i}" for i in range(n)]
+
+    def _offsets(self) -> dict[str, int]:
+        """Each service process's place after the gateway's port (and metrics port)."""
+        out = {"gateway": 0}
+        for i, name in enumerate(self.names("verifier")):
+            out[name] = 1 + i
+        for i, name in enumerate(self.names("drafter")):
+            out[name] = 1 + self.verifiers + i
+        return out
 
     @property
     def ports(self) -> dict[str, int]:
-        return {"gateway": self.port, "verifier": self.verifier_port or self.port + 1,
-                "drafter": self.drafter_port or self.port + 2}
+        out = {name: self.port + off for name, off in self._offsets().items()}
+        out.setdefault("drafter", self.port + 1 + self.verifiers)
+        for service, base in (("verifier", self.verifier_port), ("drafter", self.drafter_port)):
+            if base is not None:
+                out.update({name: base + i for i, name in enumerate(self.names(service) or [service])})
+        return out
+
+    @property
+    def metrics_ports(self) -> dict[str, int]:
+        return {} if self.metrics_port is None else {n: self.metrics_port + o for n, o in self._offsets().items()}
 
 
 def _flags(**values) -> list[str]:
@@ -80,20 +108,21 @@ class Stack:
         base = [sys.executable, "-m", "cli.main"]
         engine = dict(model=c.model, device=c.device, dtype=c.dtype, k=c.k, max_k=c.max_k,
                       kv_cache_tokens=c.kv_cache_tokens)
-        mp = c.metrics_port
-        ports = c.ports
-        cmds = {
-            "verifier": base + ["verifier"] + _flags(verifier_port=ports["verifier"],
-                                                   draft=c.draft if c.colocated else "none",
-                                                   metrics_port=None if mp is None else mp + 1, **engine),
-            "gateway": base + ["gateway"] + _flags(**{
-                "gateway_port": c.port, "verifier_address": f"localhost:{ports['verifier']}",
-                "drafter_address": f"localhost:{ports['drafter']}", "colocated": c.colocated, "model": c.model,
-                "k": c.k, "max_k": c.max_k, "metrics_port": mp, **c.gateway_flags}),
-        }
-        if not c.colocated:
-            cmds["drafter"] = base + ["drafter"] + _flags(drafter_port=ports["drafter"], draft=c.draft,
-                                                        metrics_port=None if mp is None else mp + 2, **engine)
+        ports, mports = c.ports, c.metrics_ports
+        cmds = {}
+        for name in c.names("verifier"):
+            cmds[name] = base + ["verifier"] + _flags(verifier_port=ports[name],
+                                                      draft=c.draft if c.colocated else "none",
+                                                      metrics_port=mports.get(name), **engine)
+        for name in c.names("drafter"):
+            cmds[name] = base + ["drafter"] + _flags(drafter_port=ports[name], draft=c.draft,
+                                                     metrics_port=mports.get(name), **engine)
+        cmds["gateway"] = base + ["gateway"] + _flags(**{
+            "gateway_port": c.port,
+            "verifier_address": ",".join(f"localhost:{ports[n]}" for n in c.names("verifier")),
+            "drafter_address": ",".join(f"localhost:{ports[n]}" for n in c.names("drafter") or ["drafter"]),
+            "colocated": c.colocated, "model": c.model, "k": c.k, "max_k": c.max_k, "metrics_port": c.metrics_port,
+            **c.gateway_flags})
         return cmds
 
     def start(self) -> None:
@@ -128,10 +157,10 @@ class Stack:
                     time.sleep(0.25)
 
     def metrics(self, service: str) -> dict[str, float]:
-        """Scrape a service's Prometheus endpoint (needs cfg.metrics_port)."""
+        """Scrape a service process's Prometheus endpoint (needs cfg.metrics_port), e.g. "verifier-1"."""
         from rpc.metrics import scrape
 
-        return scrape(self.cfg.metrics_port + {"gateway": 0, "verifier": 1, "drafter": 2}[service])
+        return scrape(self.cfg.metrics_ports[service])
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs[name]

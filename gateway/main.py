@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.clients import DrafterClient, VerifierClient, channel, is_serving
+from gateway.clients import DrafterClient, VerifierClient, channel
+from gateway.discovery import Discovery, Target
 from gateway.metrics import GatewayMetrics
+from gateway.replicas import ReplicaPool
 from gateway.requests import RequestBuilder
 from gateway.rounds import ColocatedDriver, SplitDriver
 from gateway.scheduler import Scheduler
@@ -20,13 +22,14 @@ from rpc.telemetry import setup_tracing, shutdown_tracing
 log = logging.getLogger("tandem.gateway")
 
 
-async def wait_serving(ch, name: str, address: str) -> None:
-    waited = 0.0
-    while not await is_serving(ch):
-        if waited % 10 == 0:
-            log.info("waiting for the %s at %s", name, address)
-        await asyncio.sleep(0.5)
-        waited += 0.5
+def replica_pool(service: str, targets: list[Target], client_cls, timeout_s: float, probe_s: float,
+                 settings: GatewaySettings) -> ReplicaPool:
+    """One channel and client per replica of a service, found through its address setting."""
+    def make(address: str):
+        ch = channel(address, timeout_s, settings.max_message_bytes)
+        return ch, client_cls(ch, timeout_s)
+
+    return ReplicaPool(service, Discovery(targets), make, probe_s=probe_s, discovery_s=settings.discovery_interval_s)
 
 
 async def serve(settings: GatewaySettings) -> None:
@@ -36,15 +39,16 @@ async def serve(settings: GatewaySettings) -> None:
     setup_tracing("tandem-gateway")
     target = load_model(settings.model or default_model_path(), load_weights=False)
     max_context = target.config.max_position
-    vch = channel(settings.verifier_address, settings.verify_timeout_s, settings.max_message_bytes)
-    verifier = VerifierClient(vch, settings.verify_timeout_s)
+    verifiers = replica_pool("verifier", settings.verifier_targets(), VerifierClient, settings.verify_timeout_s,
+                             settings.verifier_probe_s, settings)
     if settings.colocated:
-        driver = ColocatedDriver(verifier, settings)
+        driver = ColocatedDriver(verifiers, settings)
     else:
-        dch = channel(settings.drafter_address, settings.draft_timeout_s, settings.max_message_bytes)
-        driver = SplitDriver(verifier, DrafterClient(dch, settings.draft_timeout_s), settings,
-                             target.config.num_layers)
+        drafters = replica_pool("drafter", settings.drafter_targets(), DrafterClient, settings.draft_timeout_s,
+                                settings.drafter_probe_s, settings)
+        driver = SplitDriver(verifiers, drafters, settings, target.config.num_layers)
     metrics = GatewayMetrics()
+    metrics.watch(driver.pools)
     scheduler = Scheduler(driver, settings, metrics)
     builder = RequestBuilder(target.tokenizer, target.config.vocab_size, max_context, settings)
     server = Server([Service(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name,
@@ -53,17 +57,24 @@ async def serve(settings: GatewaySettings) -> None:
     metrics_port = serve_metrics(settings.metrics_port, settings.host)
 
     async def ready() -> None:
-        await wait_serving(vch, "verifier", settings.verifier_address)
+        await verifiers.wait_up("a verifier")  # SERVING only once some verifier is
         if isinstance(driver, SplitDriver):
-            if not await is_serving(driver.drafter.channel):
-                driver.mark_down(f"not serving at {settings.drafter_address} at startup")
-            else:
-                await driver.connect()
+            await driver.drafters.refresh()
+            if not driver.drafter_up:
+                log.warning("no drafter answers at %s: plain decoding until one does", settings.drafter_address)
+        for pool in driver.pools:
+            pool.start()
         scheduler.start()
-        log.info("gateway (%s mode) ready on port %d, metrics port %s", driver.mode, server.port, metrics_port)
+        log.info("gateway (%s mode) ready on port %d, metrics port %s; replicas: %s", driver.mode, server.port,
+                 metrics_port, "; ".join(f"{p.service} {', '.join(p.replicas) or 'none'}" for p in driver.pools))
+
+    async def stop() -> None:
+        await scheduler.stop()
+        for pool in driver.pools:
+            await pool.close()
 
     try:
-        await run_until_signal(server, settings.grace_s, ready, scheduler.stop)
+        await run_until_signal(server, settings.grace_s, ready, stop)
     finally:
         shutdown_tracing()
 

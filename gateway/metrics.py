@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
@@ -36,6 +37,10 @@ class GatewayMetrics:
         self._window: deque[tuple[float, int]] = deque()
         self._hits = self._misses = 0
 
+    def watch(self, pools) -> None:
+        """Export the replica pools' state (read at each scrape)."""
+        REGISTRY.register(ReplicaCollector(pools))
+
     def streamed(self, n: int, now: float) -> None:
         self.tokens.inc(n)
         self._window.append((now, n))
@@ -57,3 +62,27 @@ class GatewayMetrics:
     @staticmethod
     def now() -> float:
         return time.perf_counter()
+
+
+class ReplicaCollector:
+    """Per replica (``service`` verifier or drafter, ``address`` ip:port): requests pinned there, and whether it
+    takes new requests; per service: requests moved to another replica after theirs was lost."""
+
+    def __init__(self, pools) -> None:
+        self.pools = pools
+
+    def collect(self):
+        pinned = GaugeMetricFamily("tandem_replica_requests", "requests pinned to a replica (their state lives there)",
+                                   labels=["service", "address"])
+        up = GaugeMetricFamily("tandem_replica_up", "1 while a replica answers and takes new requests",
+                               labels=["service", "address"])
+        moved = CounterMetricFamily("tandem_requests_moved", "requests moved to another replica after theirs was "
+                                                             "lost (verifier: prefilled again)", labels=["service"])
+        for pool in self.pools:
+            for rep in list(pool.replicas.values()):
+                pinned.add_metric([pool.service, rep.address], rep.load)
+                up.add_metric([pool.service, rep.address], 1.0 if rep.up and not rep.draining else 0.0)
+            moved.add_metric([pool.service], pool.moved)
+        yield pinned
+        yield up
+        yield moved

@@ -15,9 +15,15 @@ bfloat16 tensors, and the gateway hands them on with the request's next Draft, e
 once (at most ``feature_window`` of them). Such a drafter cannot draft past unverified tokens,
 so it gets no early draft.
 
+Replicas: each request is pinned to one verifier (``Verifiers``: its KV lives there) and one
+drafter (its drafting history), both the least loaded when it gets them. A round's batch is
+split by verifier and by drafter, and the per-replica RPCs run concurrently. A lost verifier's
+requests are prefilled again on another verifier (``gateway/verifiers.py``).
+
 The drafter is never on the critical path for correctness: a failed or late Draft leaves the
-affected requests with no drafts (plain decoding) and marks the drafter down; a background
-health probe brings drafting back, resyncing every request's history.
+affected requests with no drafts this round (plain decoding) and marks that drafter down; from
+the next round they move to another drafter that is up, which is sent their whole history (a
+resync), or, with none up, decode plainly until the health checks bring one back.
 """
 
 from __future__ import annotations
@@ -30,18 +36,19 @@ from typing import Sequence
 
 import grpc
 
-from gateway.clients import (DrafterClient, DrafterInfo, DraftResult, Verdict, VerifierClient, is_serving,
-                             slice_probs)
+from gateway.clients import DrafterClient, DrafterInfo, DraftResult, Verdict, VerifierClient, slice_probs
+from gateway.replicas import Replica, ReplicaPool
 from gateway.requests import GatewayRequest
 from gateway.settings import GatewaySettings
+from gateway.verifiers import Verifiers
 
 log = logging.getLogger("tandem.gateway")
 
 
 @dataclass
 class RoundReport:
-    verdicts: list[Verdict]
-    drafted: list[int]                 # drafts sent for verification, per request
+    verdicts: list[Verdict]            # one per request, in batch order
+    drafted: list[int]                 # drafts verified, per request
     draft_ms: float = 0.0              # waiting for Draft before Verify could start
     verify_ms: float = 0.0
     wait_ms: float = 0.0               # waiting for the early draft after Verify returned
@@ -62,21 +69,23 @@ def _ms(t0: float) -> float:
 class ColocatedDriver:
     mode = "colocated"
 
-    def __init__(self, verifier: VerifierClient, settings: GatewaySettings) -> None:
-        self.verifier = verifier
+    def __init__(self, verifiers: ReplicaPool[VerifierClient], settings: GatewaySettings) -> None:
+        self.verifiers = Verifiers(verifiers, lambda client, reqs: client.prefill(reqs))
         self.s = settings
+        self.pools = [verifiers]
 
     async def prefill(self, reqs: Sequence[GatewayRequest]) -> list[Verdict]:
-        return await self.verifier.prefill(reqs)
+        return await self.verifiers.prefill(reqs)
 
     async def round(self, reqs: Sequence[GatewayRequest]) -> RoundReport:
         ks = [draft_len(r, self.s) for r in reqs]
         t0 = time.perf_counter()
-        verdicts = await self.verifier.step(reqs, ks)
+        verdicts = await self.verifiers.call(
+            reqs, lambda client, idx: client.step([reqs[i] for i in idx], [ks[i] for i in idx]))
         return RoundReport(verdicts, [v.drafted for v in verdicts], verify_ms=_ms(t0))
 
     async def release(self, ids: Sequence[str]) -> None:
-        await self.verifier.release(ids)
+        await self.verifiers.release(ids)
 
     @property
     def drafter_up(self) -> bool:
@@ -86,44 +95,56 @@ class ColocatedDriver:
 class SplitDriver:
     mode = "split"
 
-    def __init__(self, verifier: VerifierClient, drafter: DrafterClient, settings: GatewaySettings,
-                 target_layers: int) -> None:
-        self.verifier = verifier
-        self.drafter = drafter
+    def __init__(self, verifiers: ReplicaPool[VerifierClient], drafters: ReplicaPool[DrafterClient],
+                 settings: GatewaySettings, target_layers: int) -> None:
+        self.verifiers = Verifiers(verifiers, self._prefill_on)
+        self.drafters = drafters
+        drafters.connect = self.connect  # a drafter replica is used only once Describe says this target can feed it
         self.s = settings
         self.target_layers = target_layers
-        self.info: DrafterInfo | None = None  # from Describe, once the drafter answers
-        self.drafter_up = True
-        self.unusable = ""  # why a drafter that answers cannot be used with this target (never retried)
-        self._resync = False
-        self._probe: asyncio.Task | None = None
+        self.info: DrafterInfo | None = None  # from the first drafter that answers Describe
+        self.pools = [verifiers, drafters]
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.info.feature_layers if self.info is not None else ()
 
-    async def connect(self) -> bool:
-        """Ask the drafter what it is; a drafter this target cannot feed stays unused (plain decoding)."""
+    @property
+    def drafter_up(self) -> bool:
+        return self.drafters.any_up
+
+    async def connect(self, rep: Replica[DrafterClient]) -> bool:
+        """Ask a drafter replica what it is; one this target cannot feed, or unlike the others, stays unused."""
         try:
-            info = await self.drafter.describe()
+            info = await rep.client.describe()
         except grpc.aio.AioRpcError as exc:
-            self.mark_down(f"Describe: {exc.code().name}: {exc.details()}")
+            log.warning("drafter %s: Describe: %s: %s", rep.address, exc.code().name, exc.details())
             return False
         bad = [i for i in info.feature_layers if not 0 <= i < self.target_layers]
         if bad:
-            self.unusable = f"drafter {info.name} reads target layers {bad}, the target has {self.target_layers}"
-            log.error("%s: plain decoding", self.unusable)
-            self.drafter_up = False
+            rep.unusable = f"drafter {info.name} reads target layers {bad}, the target has {self.target_layers}"
+        elif self.info is not None and (info.feature_layers, info.feature_size) != (self.info.feature_layers,
+                                                                                   self.info.feature_size):
+            rep.unusable = (f"drafter {info.name} reads target layers {list(info.feature_layers)}, the drafters "
+                            f"in use read {list(self.info.feature_layers)}")
+        if rep.unusable:
+            log.error("%s at %s: not used", rep.unusable, rep.address)
             return False
-        self.info = info
-        log.info("drafter %s%s", info.name, f", fed target layers {list(info.feature_layers)}"
-                 if info.feature_layers else "")
+        if self.info is None:
+            self.info = info
+            log.info("drafter %s%s", info.name, f", fed target layers {list(info.feature_layers)}"
+                     if info.feature_layers else "")
         return True
 
     async def prefill(self, reqs: Sequence[GatewayRequest]) -> list[Verdict]:
+        verdicts = await self.verifiers.prefill(reqs)
+        self._keep_features(reqs, verdicts)
+        return verdicts
+
+    async def _prefill_on(self, verifier: VerifierClient, reqs: Sequence[GatewayRequest]) -> list[Verdict]:
         layers = self.feature_layers
         if not layers:
-            return await self.verifier.prefill(reqs)
+            return await verifier.prefill(reqs)
         # features make verdicts large: keep each response within half the message limit
         per_request = [min(len(r.tokens), self.s.feature_window) * 2 * self.info.feature_size for r in reqs]
         verdicts: list[Verdict] = []
@@ -131,12 +152,11 @@ class SplitDriver:
         size = 0
         for r, n in zip(reqs, per_request):
             if group and size + n > self.s.max_message_bytes // 2:
-                verdicts += await self.verifier.prefill(group, layers, self.s.feature_window)
+                verdicts += await verifier.prefill(group, layers, self.s.feature_window)
                 group, size = [], 0
             group.append(r)
             size += n
-        verdicts += await self.verifier.prefill(group, layers, self.s.feature_window)
-        self._keep_features(reqs, verdicts)
+        verdicts += await verifier.prefill(group, layers, self.s.feature_window)
         return verdicts
 
     def _keep_features(self, reqs: Sequence[GatewayRequest], verdicts: Sequence[Verdict]) -> None:
@@ -145,47 +165,49 @@ class SplitDriver:
             if v.features is not None and v.request_id in by_id:
                 by_id[v.request_id].features.add(v.features_start, v.features, self.s.feature_window)
 
-    # ---------------------------------------------------------------- drafter health
-    def mark_down(self, reason: str) -> None:
-        if self.drafter_up:
-            log.warning("drafter unavailable (%s): plain decoding until it is back", reason)
-        self.drafter_up = False
-        if not self.unusable and (self._probe is None or self._probe.done()):
-            self._probe = asyncio.create_task(self._wait_for_drafter())
+    # ---------------------------------------------------------------- drafters
+    def _drafter_for(self, r: GatewayRequest) -> Replica[DrafterClient] | None:
+        """The request's drafter; when that one is down, another that is up, sent the whole history (resync)."""
+        rep = self.drafters.pinned(r.request_id)
+        if rep is not None and rep.up:
+            return rep
+        r.drafter_len, r.ready_drafts = 0, None
+        return self.drafters.pin(r.request_id)
 
-    async def _wait_for_drafter(self) -> None:
-        while not (await is_serving(self.drafter.channel, timeout_s=self.s.drafter_probe_s)
-                   and await self.connect()):
-            if self.unusable:
+    def _has_drafter(self, r: GatewayRequest) -> bool:
+        rep = self.drafters.pinned(r.request_id)
+        return rep is not None and rep.up
+
+    async def _draft(self, reqs, starts, tokens, ks, features=None) -> list[DraftResult | None]:
+        """Draft on each request's drafter, the drafters concurrently; None where that drafter failed."""
+        out: list[DraftResult | None] = [None] * len(reqs)
+
+        async def one(rep: Replica[DrafterClient], idx: list[int]) -> None:
+            try:
+                got = await rep.client.draft([reqs[i] for i in idx], [starts[i] for i in idx],
+                                             [tokens[i] for i in idx], [ks[i] for i in idx],
+                                             None if features is None else [features[i] for i in idx])
+            except grpc.aio.AioRpcError as exc:
+                self.drafters.mark_down(rep, f"{exc.code().name}: {exc.details()}")
                 return
-            await asyncio.sleep(self.s.drafter_probe_s)
-        log.info("drafter is back: drafting resumes")
-        self._resync = True  # a restarted drafter knows no history: send it all
-        self.drafter_up = True
+            for i, res in zip(idx, got):
+                out[i] = res
 
-    async def _draft(self, reqs, starts, tokens, ks, features=None) -> list[DraftResult] | None:
-        if not reqs:
-            return []
-        try:
-            return await self.drafter.draft(reqs, starts, tokens, ks, features)
-        except grpc.aio.AioRpcError as exc:
-            self.mark_down(f"{exc.code().name}: {exc.details()}")
-            return None
+        groups = self.drafters.group([r.request_id for r in reqs])
+        await asyncio.gather(*(one(rep, idx) for rep, idx in groups.items()))
+        return out
 
     # ---------------------------------------------------------------- the round
     async def round(self, reqs: Sequence[GatewayRequest]) -> RoundReport:
         n = len(reqs)
         ks = [draft_len(r, self.s) for r in reqs]
-        if self._resync:
-            for r in reqs:
-                r.drafter_len, r.ready_drafts = 0, None
-            self._resync = False
         drafts: list[list[int]] = [[] for _ in reqs]
         probs: list = [None] * n
         need = []
         for i, r in enumerate(reqs):
+            drafter = self._drafter_for(r) if ks[i] else None
             ready, r.ready_drafts = r.ready_drafts, None
-            if ks[i] == 0:
+            if drafter is None:
                 continue
             if ready is not None:
                 drafts[i] = ready[: ks[i]]
@@ -193,19 +215,18 @@ class SplitDriver:
             else:
                 need.append(i)
         report = RoundReport([], [])
-        if need and self.drafter_up:
+        if need:
             t0 = time.perf_counter()
             feats = [reqs[i].features.take() for i in need] if self.feature_layers else None
             got = await self._draft([reqs[i] for i in need], [reqs[i].drafter_len for i in need],
                                     [reqs[i].tokens[reqs[i].drafter_len:] for i in need], [ks[i] for i in need], feats)
             report.draft_ms = _ms(t0)
-            if got is None and feats is not None:  # not delivered: keep them for the next try
-                for i, (start, f) in zip(need, feats):
-                    if f is not None:
-                        reqs[i].features.add(start, f, self.s.feature_window)
-            for i, res in zip(need, got or []):
+            for j, (i, res) in enumerate(zip(need, got)):
                 r = reqs[i]
-                if res.resync:
+                if res is None:  # not delivered: keep the features for the next try
+                    if feats is not None and feats[j][1] is not None:
+                        r.features.add(feats[j][0], feats[j][1], self.s.feature_window)
+                elif res.resync:
                     r.drafter_len = 0
                 elif res.error:
                     report.notes.append(f"{r.request_id}: draft rejected: {res.error}")
@@ -217,7 +238,7 @@ class SplitDriver:
         # verify round r while the drafter already drafts round r+1 (assuming full acceptance)
         # (a feature-fed drafter cannot draft past tokens the target has not verified yet)
         early = [i for i in range(n)
-                 if drafts[i] and self.drafter_up and self.s.early_draft and not self.feature_layers]
+                 if drafts[i] and self.s.early_draft and not self.feature_layers and self._has_drafter(reqs[i])]
         early_k = {i: draft_len(reqs[i], self.s, room=reqs[i].room() - len(drafts[i]) - 1) for i in early}
         early = [i for i in early if early_k[i] > 0]
         bases = {i: len(reqs[i].tokens) for i in early}
@@ -226,22 +247,22 @@ class SplitDriver:
             [reqs[i].tokens[reqs[i].drafter_len:] + drafts[i] for i in early], [early_k[i] + 1 for i in early]))
         t0 = time.perf_counter()
         try:
-            report.verdicts = await self.verifier.verify(reqs, drafts, probs, self.feature_layers,
-                                                         self.s.feature_window)
+            report.verdicts = await self.verifiers.call(reqs, lambda client, idx: client.verify(
+                [reqs[i] for i in idx], [drafts[i] for i in idx], [probs[i] for i in idx], self.feature_layers,
+                self.s.feature_window))
         except BaseException:
             early_task.cancel()
             raise
         self._keep_features(reqs, report.verdicts)
         report.verify_ms = _ms(t0)
-        report.drafted = [len(d) for d in drafts]
+        report.drafted = [v.drafted for v in report.verdicts]
         t0 = time.perf_counter()
         early_results = await early_task
         report.wait_ms = _ms(t0) if early else 0.0
 
-        by_id = {v.request_id: v for v in report.verdicts}
-        for i, res in zip(early, early_results or [None] * len(early)):
-            r, v = reqs[i], by_id.get(reqs[i].request_id)
-            if res is None or v is None or v.error:
+        for i, res in zip(early, early_results):
+            r, v = reqs[i], report.verdicts[i]
+            if res is None or v.error:
                 report.early_misses += 1  # the drafter's state is unknown: keep the old sync point
                 continue
             if res.resync or res.error:
@@ -261,9 +282,4 @@ class SplitDriver:
         return report
 
     async def release(self, ids: Sequence[str]) -> None:
-        await self.verifier.release(ids)
-        if self.drafter_up:
-            try:
-                await self.drafter.release(ids)
-            except grpc.aio.AioRpcError as exc:
-                self.mark_down(f"{exc.code().name}: {exc.details()}")
+        await asyncio.gather(self.verifiers.release(ids), self.drafters.release(ids))

@@ -3,7 +3,8 @@
 Each loop iteration: release what left (finished or cancelled), admit waiting requests up
 to the batch size and prefill them, then run one round for everything running. Every round
 gets a ``spec.round`` span (the Draft/Verify/Step RPC spans are its children); every request
-gets a ``tandem.request`` span linked to the rounds it took part in.
+gets a ``tandem.request`` span linked to the rounds it took part in. Which verifier and drafter
+replica serve a request, and moving it when one is lost, is the driver's business (rounds.py).
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ class Scheduler:
                     await self._round(list(self.running.values()))
             except asyncio.CancelledError:
                 raise
-            except grpc.aio.AioRpcError as exc:  # the verifier failed: fail the requests in flight
-                log.error("verifier call failed: %s: %s", exc.code().name, exc.details())
+            except grpc.aio.AioRpcError as exc:  # not seen in practice: the drivers turn RPC failures into
+                # per-request verdicts, and move the requests of a lost verifier to another one
+                log.error("call failed: %s: %s", exc.code().name, exc.details())
                 for r in list(self.running.values()):
                     self._fail(r, exc.code(), f"verifier failed: {exc.details()}")
             except Exception:

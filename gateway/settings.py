@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from gateway.discovery import Target, parse_targets
 from rpc.settings import ServerSettings
 
 
 class GatewaySettings(ServerSettings):
     gateway_port: int = Field(50051, ge=0, le=65535, description="gRPC port of the gateway")
-    verifier_address: str = Field("localhost:50052", description="host:port of the verifier")
-    drafter_address: str = Field("localhost:50053", description="host:port of the drafter (split mode)")
+    verifier_address: str = Field("localhost:50052", description="host:port of the verifier replicas: a list "
+                                  "(comma-separated), and/or names whose DNS records are the replicas (a headless "
+                                  "Service)")
+    drafter_address: str = Field("localhost:50053", description="host:port of the drafter replicas (split mode), "
+                                 "as for verifier_address")
+    discovery_interval_s: float = Field(5.0, gt=0, description="how often the names in the address settings are "
+                                                                "resolved again (replicas come and go)")
+    verifier_probe_s: float = Field(1.0, gt=0, description="health-check period of each verifier replica; one that "
+                                                            "fails twice in a row is lost and its requests move")
     colocated: bool = Field(False, description="the verifier drafts itself (Step); no drafter service")
     model: str | None = Field(None, description="model whose tokenizer and chat template the gateway uses")
     k: int = Field(4, ge=0, le=32, description="default draft tokens per round")
@@ -22,9 +30,21 @@ class GatewaySettings(ServerSettings):
     draft_timeout_s: float = Field(2.0, gt=0, description="deadline of a Draft RPC; late drafts mean plain decoding")
     verify_timeout_s: float = Field(120.0, gt=0, description="deadline of Prefill/Verify/Step RPCs")
     early_draft: bool = Field(True, description="draft round r+1 while round r is verified (split mode)")
-    drafter_probe_s: float = Field(1.0, gt=0, description="health-check period of a drafter that is down")
+    drafter_probe_s: float = Field(1.0, gt=0, description="health-check period of each drafter replica")
     feature_window: int = Field(1024, ge=1, description="a feature-fed drafter (EAGLE head) gets at most this many "
                                                         "of a request's latest target features at once")
+
+    @field_validator("verifier_address", "drafter_address")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        parse_targets(value)  # ValueError: pydantic names the field
+        return value
+
+    def verifier_targets(self) -> list[Target]:
+        return parse_targets(self.verifier_address)
+
+    def drafter_targets(self) -> list[Target]:
+        return parse_targets(self.drafter_address)
 
     @model_validator(mode="after")
     def _k_within_max(self):

@@ -1,0 +1,177 @@
+"""Several verifier and drafter replicas (local processes standing in for pods) behind one gateway.
+
+Each request stays on one verifier and one drafter; new requests go to the least-loaded ones. A
+drafter killed mid-stream moves its requests to the other drafter; a verifier killed (or frozen)
+mid-stream has its requests prefilled again on the other verifier (prompt + output so far). Every
+stream still equals plain greedy decoding token for token, text included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import grpc
+import pytest
+import torch
+
+from cli.stack import Stack, StackConfig, free_block
+from engine.config import SamplingParams
+from protos.tandem.v1 import gateway_pb2_grpc
+from rpc import tensors
+from tests.conftest import make_decoder
+from tests.e2e.conftest import chat_request, metrics, run
+from tests.e2e.test_faults import _wait_for
+
+TEXTS = ["Tell me about the moon.", "Describe a cat in detail.", "Explain how rain forms.",
+         "Write a short story about a robot.", "What makes a good friend?", "Describe the city of Paris.",
+         "How do airplanes fly?", "Explain photosynthesis simply."]
+N = 48
+
+
+def start_replicas(verifiers: int, drafters: int, **overrides) -> Stack:
+    """Processes with one torch thread each: five of them share a small CPU without oversubscribing it."""
+    n = 1 + verifiers + drafters
+    cfg = StackConfig(port=free_block(n), metrics_port=free_block(n), device="cpu", kv_cache_tokens=8192,
+                      verifiers=verifiers, drafters=drafters, extra_env={"OMP_NUM_THREADS": "1"}, **overrides)
+    stack = Stack(cfg)
+    stack.start()
+    try:
+        stack.wait_ready(timeout_s=300)
+        # the gateway serves once one verifier is up: wait until it uses every replica
+        _wait_for(lambda: replicas_up(stack) == n - 1, what="the gateway to find every replica up")
+    except Exception:
+        stack.stop()
+        raise
+    return stack
+
+
+def replicas_up(stack: Stack, service: str = "") -> int:
+    """Replicas (of ``service``, or all) the gateway sends requests to."""
+    return int(sum(v for k, v in metrics(stack, "gateway").items()
+                   if k.startswith("tandem_replica_up{") and f'service="{service}' in k))
+
+
+@pytest.fixture(scope="class")
+def stack():
+    s = start_replicas(2, 2, draft="ngram", k=4,
+                       gateway_flags={"drafter_probe_s": 0.3, "verifier_probe_s": 0.3})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm):
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside the stack's processes
+    try:
+        outs = make_decoder(smollm, "none").generate(prompts, SamplingParams(max_tokens=N, ignore_eos=True))
+    finally:
+        torch.set_num_threads(threads)
+    return [(o.new_token_ids, smollm.tokenizer.decode(o.new_token_ids, skip_special_tokens=True)) for o in outs]
+
+
+async def streams(address: str, during=None, texts=TEXTS) -> tuple[list, object]:
+    """All texts streamed at once; ``during()`` runs (in a thread) once every stream has its first tokens."""
+    started = asyncio.Event()
+    seen: set[int] = set()
+
+    async def one(i: int):
+        ids, text, last = [], "", None
+        async with grpc.aio.insecure_channel(address) as ch:
+            async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(chat_request(texts[i], N, ignore_eos=True),
+                                                                        timeout=300):
+                ids += tensors.token_ids(resp.token_ids, "token_ids")
+                text += resp.text
+                last = resp
+                seen.add(i)
+                if len(seen) == len(texts):
+                    started.set()
+        return ids, text, last
+
+    tasks = [asyncio.create_task(one(i)) for i in range(len(texts))]
+    await started.wait()
+    seen_during = await asyncio.get_running_loop().run_in_executor(None, during) if during else None
+    return await asyncio.gather(*tasks), seen_during
+
+
+def assert_exact(results, reference):
+    for (ids, text, last), (ref_ids, ref_text) in zip(results, reference):
+        assert ids == ref_ids and text == ref_text  # nothing lost, nothing repeated
+        assert last.usage.completion_tokens == N
+
+
+def moved(stack: Stack, service: str) -> float:
+    return metrics(stack, "gateway").get(f'tandem_requests_moved_total{{service="{service}"}}', 0.0)
+
+
+class TestTwoVerifiersTwoDrafters:
+    """One stack for these, in this order: balance, lose a drafter, freeze a verifier, then kill it."""
+
+    def test_requests_are_balanced_over_the_replicas(self, stack, reference):
+        def running():
+            return {v: metrics(stack, v)["tandem_verifier_running"] for v in ("verifier", "verifier-1")}
+
+        results, during = run(streams(stack.gateway_address, running))
+        assert_exact(results, reference)
+        # all eight in flight at once: each verifier held the KV of four of them
+        assert during == {"verifier": 4, "verifier-1": 4}
+        assert running() == {"verifier": 0, "verifier-1": 0}  # and freed it
+        assert {d: metrics(stack, d)["tandem_drafter_running"] for d in ("drafter", "drafter-1")} == \
+            {"drafter": 0, "drafter-1": 0}
+        assert sum(r[2].usage.draft_tokens for r in results) > 0
+
+    def test_a_drafter_killed_mid_stream_moves_its_requests(self, stack, reference):
+        before = moved(stack, "drafter")
+        results, _ = run(streams(stack.gateway_address, lambda: stack.kill("drafter-1")))
+        assert_exact(results, reference)
+        assert moved(stack, "drafter") > before  # its requests went on drafting on the other drafter
+        assert metrics(stack, "gateway")["tandem_drafter_available"] == 1
+        assert replicas_up(stack, "drafter") == 1
+
+    def test_a_verifier_that_hangs_is_lost_by_its_health_checks(self, stack, reference):
+        pid = stack.procs["verifier-1"].pid
+        before = moved(stack, "verifier")
+        try:
+            results, _ = run(streams(stack.gateway_address, lambda: os.kill(pid, signal.SIGSTOP)))
+            # its Verify never returns: two failed health checks give it up, its streams go on elsewhere
+            assert_exact(results, reference)
+            assert moved(stack, "verifier") >= before + 1
+            assert replicas_up(stack, "verifier") == 1
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        _wait_for(lambda: replicas_up(stack, "verifier") == 2, what="the verifier to be taken back")
+        # the requests moved away from it were released there before it took new ones
+        assert metrics(stack, "verifier-1")["tandem_verifier_running"] == 0
+
+    def test_a_verifier_killed_mid_stream_moves_its_requests(self, stack, reference):
+        before = moved(stack, "verifier")
+        results, _ = run(streams(stack.gateway_address, lambda: stack.kill("verifier-1")))
+        assert_exact(results, reference)  # the killed verifier's streams continued on the other one
+        assert moved(stack, "verifier") >= before + 1
+        assert metrics(stack, "verifier")["tandem_verifier_running"] == 0
+        assert replicas_up(stack, "verifier") == 1
+
+
+def test_eagle_drafters_each_described_and_fed_features_after_a_move(reference):
+    """The default drafter (an EAGLE head, fed target features) on two replicas; one is killed mid-stream."""
+    eagle = start_replicas(1, 2, k=4, gateway_flags={"draft_timeout_s": 5.0, "drafter_probe_s": 0.3})  # auto
+    try:
+        counted = {}
+
+        def kill():
+            eagle.kill("drafter-1")
+            counted["drafted"] = metrics(eagle, "gateway")["tandem_draft_tokens_total"]
+
+        results, _ = run(streams(eagle.gateway_address, kill, TEXTS[:4]))
+        assert_exact(results, reference[:4])
+        gw = metrics(eagle, "gateway")
+        assert moved(eagle, "drafter") > 0  # onto the other head, which got the history and the features since
+        assert gw["tandem_draft_tokens_total"] > counted["drafted"]
+        accepted = sum(r[2].usage.accepted_tokens for r in results)
+        rounds = sum(r[2].usage.rounds for r in results)
+        assert (accepted + rounds) / rounds > 1.3  # the heads draft only from features that arrived intact
+    finally:
+        eagle.stop()
