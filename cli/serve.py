@@ -26,12 +26,20 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-tokens", type=int, help="KV capacity of the verifier and the drafter")
     p.add_argument("--metrics-port", type=int,
                    help="Prometheus port of the gateway (verifier +1, drafter +2); default off")
+    p.add_argument("--verifiers", type=int, default=1,
+                   help="verifier replicas, on consecutive ports after the gateway's (default 1); the gateway "
+                        "pins each request to one and balances new ones by load")
+    p.add_argument("--drafters", type=int, default=1, help="drafter replicas in split mode (default 1)")
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
+    for name in ("verifiers", "drafters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
     return StackConfig(port=args.port, colocated=args.colocated, draft=args.draft, model=args.model,
                        device=args.device, dtype=args.dtype, k=args.k, max_k=args.max_k,
-                       kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port)
+                       kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
+                       verifiers=args.verifiers, drafters=args.drafters)
 
 
 def add_parser(sub) -> None:
@@ -61,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
               + ", ".join(f"{n} pid {p.pid}" for n, p in stack.procs.items()) + "). Ctrl-C stops.", flush=True)
         while not stopping:
             for name, p in stack.procs.items():
-                if p.poll() is not None and name != "drafter":
+                if p.poll() is not None and not name.startswith("drafter"):
                     print(f"tandem serve: {name} exited with code {p.returncode}; stopping", file=sys.stderr)
                     stopping = True
             time.sleep(0.5)
