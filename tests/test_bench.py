@@ -23,6 +23,13 @@ def test_percentile_and_token_clock():
     assert s["ttft_ms_p50"] == 500.0 and s["itl_ms_p50"] == pytest.approx(100.0)
 
 
+def test_cli_lists_the_baselines_bench_runs():
+    from bench.hf import HF_ENGINES
+    from cli.bench import HF_ENGINES as CLI_ENGINES
+
+    assert CLI_ENGINES == HF_ENGINES
+
+
 def test_poisson_arrivals_are_seeded_and_increasing():
     a = arrival_times(50, rate=10.0, seed=1)
     assert a == arrival_times(50, rate=10.0, seed=1) and all(x < y for x, y in zip(a, a[1:]))
