@@ -41,8 +41,9 @@ class _State:
     def feat_end(self) -> int:
         return self.feat_start + (0 if self.feats is None else self.feats.shape[0])
 
-    def feature(self, position: int) -> torch.Tensor:
-        return self.feats[position - self.feat_start]
+    def features(self, start: int, end: int) -> torch.Tensor:
+        """[end - start, hidden] fused features of positions start .. end - 1 (a view, no copy)."""
+        return self.feats[start - self.feat_start: end - self.feat_start]
 
 
 class EagleDrafter:
@@ -72,7 +73,7 @@ class EagleDrafter:
         else:
             st.feats = torch.cat([st.feats[: r.features_start - st.feat_start], fused])
 
-    def _catch_up(self, r: DraftRequest) -> tuple[list[int], list[torch.Tensor]] | None:
+    def _catch_up(self, r: DraftRequest) -> tuple[list[int], torch.Tensor] | None:
         """Tokens and features of the entries to (re)append; None when this request cannot draft."""
         st = self._states.setdefault(r.request_id, _State())
         self._take_features(st, r)
@@ -97,7 +98,7 @@ class EagleDrafter:
         del st.tokens[keep:]
         # (2) entries first .. last
         tokens = list(committed[first: last + 1])
-        feats = [st.feature(p - 1) for p in range(first, last + 1)]
+        feats = st.features(first - 1, last)  # entry p reads the feature of p - 1
         st.tokens.extend(tokens)
         # the next call re-feeds entry `last` at least, which needs the feature of last - 1
         drop = (last - 1) - st.feat_start
@@ -119,11 +120,11 @@ class EagleDrafter:
                 continue
             active.append(i)
             chunks.append(Chunk(r.request_id, got[0]))
-            feats.extend(got[1])
+            feats.append(got[1])
         if not active:
             return DraftProposal(token_ids=drafts, probs=None)
         kmax = max(requests[i].k for i in active)
-        features = torch.stack(feats)
+        features = torch.cat(feats)
         for step in range(kmax):
             out = self.runner.run(chunks, features=features)
             tokens, q = self.sampler.pick(out.logits, [requests[i] for i in active])
