@@ -33,6 +33,13 @@ def add_parser(sub) -> None:
     g.add_argument("--gen-batch-size", type=int, default=256, help="prompts answered per batch")
     g.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=0.7")
     g.add_argument("--corpus", type=Path, help="corpus cache (.npz): loaded when it exists, else written after generation")
+    g.add_argument("--answers-weight", type=int, default=1,
+                   help="times each of the target's own answers is seen per pass, next to one time each reply")
+    g.add_argument("--replies", type=int, default=0,
+                   help="also learn on this many ShareGPT first replies as written (index < 15800), "
+                        "with the target's distributions as the teacher: more data at no generation cost")
+    g.add_argument("--replies-cache", type=Path,
+                   help="replies cache (.npz): loaded when it exists, else written after tokenizing")
     g = p.add_argument_group("drafter")
     g.add_argument("--layers", type=int, default=4, help="lm: decoder layers")
     g.add_argument("--init", choices=["slice", "scratch"], default="slice",
@@ -68,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from train.trainer import TrainConfig
 
     for name in ("num_prompts", "max_new_tokens", "gen_batch_size", "layers", "unroll", "batch_tokens", "max_len",
-                 "k"):
+                 "k", "answers_weight"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    if args.corpus is not None and args.corpus.suffix != ".npz":
-        raise ValueError(f"--corpus: must name a .npz file, got {args.corpus}")
+    for name in ("corpus", "replies_cache"):
+        path = getattr(args, name)
+        if path is not None and path.suffix != ".npz":
+            raise ValueError(f"--{name.replace('_', '-')}: must name a .npz file, got {path}")
+    if args.replies < 0:
+        raise ValueError(f"--replies: must be >= 0, got {args.replies}")
     if args.resume is not None and (args.kind != "eagle" or not (args.resume / "config.json").is_file()):
         raise ValueError(f"--resume: needs --kind eagle and a head directory (config.json inside), got {args.resume}")
     if args.hard_weight < 0:
@@ -93,6 +104,17 @@ def run(args: argparse.Namespace) -> int:
                                args.gen_batch_size, args.seed, args.sampled_fraction)
         if args.corpus is not None:
             corpus.save(samples, args.corpus)
+    samples = samples * args.answers_weight
+    if args.replies:
+        if args.replies_cache is not None and args.replies_cache.is_file():
+            replies = corpus.load(args.replies_cache)[: args.replies]
+        else:
+            replies = corpus.replies(tok, args.replies, args.max_prompt_tokens, args.max_len)
+            if args.replies_cache is not None:
+                corpus.save(replies, args.replies_cache)
+        print(f"train-draft: {len(replies)} ShareGPT replies as written, "
+              f"{sum(len(r.tokens) for r in replies)} tokens", file=sys.stderr)
+        samples = samples + replies
     val = corpus.chat_prompts(tok, corpus.VAL_START, corpus.SHAREGPT_EVAL_START, args.val_prompts,
                               args.max_prompt_tokens) if args.val_prompts else []
     engine = EngineConfig(device=device, dtype=default_dtype(device), attention="torch", kv_cache_tokens=1 << 16,

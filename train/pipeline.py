@@ -133,6 +133,7 @@ def run(target: LoadedModel, spec: DraftTrainSpec, samples: Sequence[corpus.Samp
               "final_loss": history[-1]["loss"] if history else None,
               "held_out_acceptance_before": before, "held_out_acceptance": after, "k": k,
               "sequences": len(samples), "tokens": sum(len(s.tokens) for s in samples),
+              "replies": sum(s.temperature == corpus.ORIGINAL_REPLY for s in samples),
               "train_config": dataclasses.asdict(cfg), "history": history[-50:]}
     meta = {"tandem_train": {k_: v for k_, v in report.items() if k_ != "history"}}
     if spec.kind == "eagle":

@@ -143,3 +143,28 @@ def test_corpus_answers_are_the_targets_greedy_output(smollm):
     got = corpus.generate(smollm.model, prompts, frozenset(), 12, 0.0, batch_size=3, seed=0)
     want = make_decoder(smollm, "none").generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     assert got == [o.new_token_ids for o in want]
+
+
+def test_replies_are_templated_prompts_and_written_replies_before_the_held_out_range(smollm):
+    from bench.datasets import sharegpt
+
+    tok = smollm.tokenizer
+    got = corpus.replies(tok, 5, max_prompt_tokens=384, max_tokens=96)
+    assert len(got) == 5
+    convs = {c.index: c for c in sharegpt(split="train", limit=40)}
+    for s in got:
+        assert s.temperature == corpus.ORIGINAL_REPLY and 0 < s.prompt_len < len(s.tokens) <= 96
+        # the prompt part is exactly what serving sends for a user message
+        text = tok.decode(s.tokens[: s.prompt_len])
+        assert s.tokens[: s.prompt_len] == tok.encode_chat([{"role": "user", "content": _user_of(text, convs)}])
+    short = corpus.replies(tok, 40, max_prompt_tokens=384, max_tokens=100_000)
+    assert any(s.tokens[-1] in tok.eos_token_ids for s in short)  # whole replies end with EOS
+
+
+def _user_of(prompt_text: str, convs) -> str:
+    """The ShareGPT user turn whose text the templated prompt holds."""
+    for c in convs.values():
+        for role, text in c.turns:
+            if role == "user" and text.strip() and text in prompt_text:
+                return text
+    raise AssertionError("templated prompt holds no ShareGPT user turn")

@@ -5,8 +5,10 @@
 # $CORPUS (about 275 s for 6000 prompts on an H100) and reused when it exists (the one the
 # shipped head was trained on: CORPUS=train/data/smollm2-135m-instruct-6000.npz); the EAGLE head
 # goes first (it is the default drafter), the draft LM gets the time that is left.
-# RESUME=DIR continues the EAGLE head from an earlier run. Results: $STAGE/{eagle,lm}; the
-# small files are copied under $OUT.
+# RESUME=DIR continues the EAGLE head from an earlier run. REPLIES=N adds N ShareGPT replies as
+# written (REPLIES_CACHE=FILE.npz caches their tokens), ANSWERS_WEIGHT=W shows the target's own
+# answers W times per pass. LM_S=0 skips the draft LM. Results: $STAGE/{eagle,lm}; the small
+# files are copied under $OUT.
 set -euo pipefail
 STAGE=${STAGE:-/root/stage}
 CORPUS=${CORPUS:-$STAGE/corpus.npz}
@@ -15,7 +17,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tandem() { python3 -m cli.main "$@"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 common=(--corpus "$CORPUS" --num-prompts "${NUM_PROMPTS:-6000}" --gen-batch-size 512
-        --max-new-tokens 256 --val-prompts 32 --eval-every 1000)
+        --max-new-tokens 256 --val-prompts 32 --eval-every 1000 --answers-weight "${ANSWERS_WEIGHT:-1}"
+        --replies "${REPLIES:-0}" ${REPLIES_CACHE:+--replies-cache "$REPLIES_CACHE"})
 show() { tee "$1" | tr '\r' '\n' | grep -E '^(step|train-draft|\{|  ")' || true; }
 tandem train-draft --kind eagle --out "$STAGE/eagle" --time-budget "${EAGLE_S:-200}" \
   ${RESUME:+--resume "$RESUME"} "${common[@]}" 2>&1 | show "$OUT/eagle.log"
@@ -23,7 +26,7 @@ mkdir -p "$OUT/eagle" && cp "$STAGE"/eagle/* "$OUT/eagle/"
 [ -e "$OUT/$(basename "$CORPUS")" ] || [ "$(du -b "$CORPUS" | cut -f1)" -gt 16000000 ] || cp "$CORPUS" "$OUT/"
 left=$(( ${CALL_S:-560} - SECONDS - 45 ))
 echo "seconds used: $SECONDS; draft LM budget: $left"
-if [ "$left" -ge 60 ]; then
+if [ "${LM_S:-$left}" -gt 0 ] && [ "$left" -ge 60 ]; then
   tandem train-draft --kind lm --layers 4 --out "$STAGE/lm" --time-budget "${LM_S:-$left}" "${common[@]}" \
     2>&1 | show "$OUT/lm.log"
   mkdir -p "$OUT/lm" && cp "$STAGE"/lm/{config.json,train_report.json} "$OUT/lm/"
