@@ -1,0 +1,65 @@
+"""Where an EAGLE head loses acceptance: teacher-forced agreement vs serving acceptance, same prompts.
+
+    python -m train.agreement DIR [--prompts N] [--max-tokens T] [--device D]
+
+The target answers N held-out ShareGPT prompts (index >= 16000) greedily. On those answers the
+head's top-1 agreement with the target is measured teacher-forced, per unroll step (exactly the
+training objective's statistic), and then the real speculative decoder (k = 4, greedy) is run
+on the same prompts: its conditional acceptance per draft position. Equal numbers mean no
+train/serve gap; an agreement here far below the one on training batches means the head does
+not generalize (more data, not more steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from bench.eval_draft import EvalCase, eval_prompts, run_case
+from engine.assets import default_model_path
+from engine.config import EngineConfig
+from engine.drafters.eagle import EagleDrafter
+from engine.models.eagle import load_eagle
+from engine.models.loader import load_model
+from engine.runner import ModelRunner
+from train import corpus
+from train.objectives import Batch, eagle_loss, teacher
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("head", type=Path, help="EAGLE head directory")
+    p.add_argument("--prompts", type=int, default=12)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    target = load_model(default_model_path(), device=args.device, dtype=dtype)
+    tok, n = target.tokenizer, args.prompts
+    prompts = eval_prompts("sharegpt", tok, n)
+    answers = corpus.generate(target.model, prompts, tok.eos_token_ids, args.max_tokens, 0.0, batch_size=n, seed=0)
+    seqs = [list(q) + a for q, a in zip(prompts, answers)]
+    tokens = torch.zeros(n, max(map(len, seqs)), dtype=torch.long)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    for i, (q, s) in enumerate(zip(prompts, seqs)):
+        tokens[i, : len(s)] = torch.tensor(s)
+        mask[i, len(q) - 1: len(s) - 1] = True
+    batch = Batch(tokens.to(args.device), mask.to(args.device))
+    head = load_eagle(args.head, target.model, args.device, dtype)
+    with torch.no_grad():
+        _, stats = eagle_loss(head, batch, teacher(target.model, batch, head.eagle.aux_layers), unroll=4)
+    print("teacher-forced agreement per draft position:", " ".join(f"{a:.3f}" for a in stats.agree))
+    cfg = EngineConfig(device=args.device, dtype=str(dtype).removeprefix("torch."), attention="torch",
+                       kv_cache_tokens=1 << 15, k=4, max_k=8)
+    row = run_case(ModelRunner(target.model, cfg), tok, cfg, EagleDrafter("eagle", head, cfg),
+                   EvalCase("eagle", "sharegpt", 0.0, 4), prompts, max_tokens=args.max_tokens, batch_size=n)
+    h = row["accepted_histogram"]
+    cond = [sum(h[j:]) / max(sum(h[j - 1:]), 1) for j in range(1, len(h))]
+    print("serving acceptance per draft position (given the ones before):", " ".join(f"{c:.3f}" for c in cond))
+    print(f"serving acceptance length: {row['acceptance_length']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
