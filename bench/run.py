@@ -119,7 +119,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                     rounds += o.rounds
                     committed += o.accepted + o.rounds
     elapsed = now_synced() - start
-    return {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "batch_size": case.batch_size,
+    return {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
+            "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),

@@ -33,6 +33,8 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
     g.add_argument("--max-round-tokens", type=int,
                    help="token budget of one target forward: running requests first, then prompts in chunks "
                         "(chunked prefill, so arrivals do not stall running streams); default: no budget")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run every forward eagerly: no CUDA graphs for decode steps (default: graphs on cuda)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -53,7 +55,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     device = args.device or default_device()
     return EngineConfig(device=device, dtype=args.dtype or default_dtype(device), attention=args.attention,
                         kv_cache_tokens=args.kv_cache_tokens, max_batch_size=args.max_batch_size,
-                        k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens)
+                        k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens,
+                        cuda_graphs=False if getattr(args, "enforce_eager", False) else None)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -109,6 +109,7 @@ class EngineConfig:
     max_context: int | None = None  # None: the model's max_position
     draft_top_m: int = 0  # sampled drafts: draw from (and send) only the top m tokens; 0 = the full distribution
     max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
+    cuda_graphs: bool | None = None  # plain decode steps through captured graphs; None: on for cuda, off for cpu
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -132,6 +133,11 @@ class EngineConfig:
         import torch
 
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Whether decode steps take the static, graph-shaped path (captured on cuda, eager on cpu)."""
+        return self.device.startswith("cuda") if self.cuda_graphs is None else self.cuda_graphs
 
     @property
     def attention_backend(self) -> str:

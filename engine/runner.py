@@ -16,6 +16,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata, create_backend
 from engine.config import EngineConfig
+from engine.graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
 
@@ -46,6 +47,10 @@ class ModelRunner:
                                   config.torch_dtype, self.device)
         self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
         self.vocab_size = cfg.vocab_size
+        self.graphs: DecodeGraphs | None = None
+        if config.use_cuda_graphs:
+            self.graphs = DecodeGraphs(self, config.max_batch_size, config.max_context or cfg.max_position,
+                                       capture=self.device.type == "cuda")
 
     @property
     def allocator(self):
@@ -97,9 +102,13 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), block_tables=tuple(tables),
                                  slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
-        self.attention.plan(meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        if (self.graphs is not None and features is None and not aux_layers and len(logit_rows) == len(ids)
+                and self.graphs.bucket_for(meta) is not None):
+            logits, hidden = self.graphs.run(meta, input_ids, pos)  # views of the bucket's buffers: copy out
+            return RunOutput(logits.clone(), hidden.clone(), None)
+        self.attention.plan(meta)
         aux = None
         if features is not None:
             hidden = self.model(input_ids, pos, self.attention, features)

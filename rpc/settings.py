@@ -39,6 +39,7 @@ class EngineSettings(ServerSettings):
     draft_top_m: int = Field(32, ge=0, description="sampled drafts cross the wire as their top m tokens")
     max_round_tokens: int | None = Field(None, ge=16, description="token budget of one target forward (chunked "
                                                                    "prefill); none: no budget")
+    enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
 
     @model_validator(mode="after")
     def _k_within_max(self):
@@ -53,7 +54,8 @@ class EngineSettings(ServerSettings):
         return EngineConfig(device=device, dtype=self.dtype or default_dtype(device), attention=self.attention,
                             kv_cache_tokens=self.kv_cache_tokens, max_batch_size=self.max_batch_size,
                             max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m,
-                            max_round_tokens=self.max_round_tokens)
+                            max_round_tokens=self.max_round_tokens,
+                            cuda_graphs=False if self.enforce_eager else None)
 
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:

@@ -1,0 +1,88 @@
+"""Attention over the paged cache with every shape fixed in advance: what a CUDA graph can hold.
+
+A ``StaticAttention`` serves one *bucket*: at most ``rows`` sequences, each appending exactly
+``q_len`` tokens (1 for plain decode, k + 1 for a verify), each holding at most
+``max_blocks * block_size`` tokens after the forward. Its inputs live in persistent device
+buffers that ``load`` refills before every replay (host -> device copies, outside the graph);
+``prepare`` turns them into the attention mask inside the graph, once per forward, shared by
+every layer. Rows past the batch are padding: they write their K/V into a scratch slot and
+attend to it alone, so they never touch a real sequence.
+
+Reading all ``max_blocks`` pages of every row costs bandwidth a paged kernel would not spend;
+context buckets (``DecodeGraphs``) keep ``max_blocks`` close to the batch's longest sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionMetadata
+from engine.kv_cache import PagedKVCache
+
+
+class StaticAttention:
+    name = "static"
+
+    def __init__(self, cache: PagedKVCache, num_heads: int, rows: int, q_len: int, max_blocks: int,
+                 scratch_block: int) -> None:
+        dev = cache.k.device
+        self.cache = cache
+        self.num_heads = num_heads
+        self.rows, self.q_len, self.max_blocks = rows, q_len, max_blocks
+        self.scratch_block = scratch_block
+        bs = cache.block_size
+        self.block_table = torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=dev)  # [B, M]
+        self.kv_lens = torch.ones(rows, dtype=torch.long, device=dev)                                  # [B]
+        self.slots = torch.full((rows * q_len,), scratch_block * bs, dtype=torch.long, device=dev)     # [B*Q]
+        self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
+        self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
+        self.mask: torch.Tensor | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_blocks * self.cache.block_size
+
+    def fits(self, meta: AttentionMetadata) -> bool:
+        return (len(meta.q_lens) <= self.rows and all(q == self.q_len for q in meta.q_lens)
+                and max(meta.kv_lens) <= self.max_tokens)
+
+    def load(self, meta: AttentionMetadata) -> None:
+        """Copy one forward's layout into the buffers (outside the graph); padding rows go to scratch."""
+        if not self.fits(meta):
+            raise ValueError(f"static attention: batch of {len(meta.q_lens)} rows, q_lens {set(meta.q_lens)}, "
+                             f"longest {max(meta.kv_lens)} tokens does not fit the bucket "
+                             f"({self.rows} rows, q_len {self.q_len}, {self.max_tokens} tokens)")
+        n, bs = len(meta.q_lens), self.cache.block_size
+        table = torch.full((self.rows, self.max_blocks), self.scratch_block, dtype=torch.long)
+        for row, (kv_len, blocks) in enumerate(zip(meta.kv_lens, meta.block_tables)):
+            used = blocks[: -(-kv_len // bs)]
+            table[row, : len(used)] = torch.tensor(used, dtype=torch.long)
+        lens = torch.ones(self.rows, dtype=torch.long)
+        lens[:n] = torch.tensor(meta.kv_lens, dtype=torch.long)
+        self.block_table.copy_(table, non_blocking=True)
+        self.kv_lens.copy_(lens, non_blocking=True)
+        self.slots[: n * self.q_len].copy_(meta.slot_mapping)
+        self.slots[n * self.q_len:].fill_(self.scratch_block * bs)
+
+    def prepare(self) -> None:
+        """Build the mask from the buffers (inside the graph): query j of row b sits at position
+        kv_len[b] - q_len + j and sees keys 0 .. that position."""
+        q_pos = self.kv_lens[:, None] + self._offsets[None, :] - 1                  # [B, Q]
+        self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]       # [B, 1, Q, S]
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        """The eager entry point (AttentionBackend): load, then prepare."""
+        self.load(meta)
+        self.prepare()
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [B*Q, Hq, D]; k, v: [B*Q, Hkv, D] -> [B*Q, Hq, D]
+        self.cache.write(layer, self.slots, k, v)
+        b, n, s = self.rows, self.q_len, self.max_tokens
+        hkv, d = k.shape[1:]
+        keys = self.cache.k[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)    # [B, Hkv, S, D]
+        values = self.cache.v[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)
+        qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask, enable_gqa=True)
+        return o.transpose(1, 2).reshape(b * n, -1, d)

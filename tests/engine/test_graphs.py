@@ -1,0 +1,75 @@
+"""The static, graph-shaped decode path (engine/graphs.py) against the paged eager path.
+
+On the CPU the buckets run eagerly (no capture), so these tests check everything a CUDA graph
+would hold: the static attention layout, padding rows, bucket choice, buffer reuse. The
+captured graphs themselves are checked on the GPU (tests/gpu/test_gpu_graphs.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.graphs import PAD_SEQ
+from engine.runner import Chunk, ModelRunner
+from tests.conftest import make_decoder
+
+
+def _runner(smollm, graphs: bool, **kw) -> ModelRunner:
+    cfg = EngineConfig(kv_cache_tokens=4096, max_batch_size=8, max_context=1024, cuda_graphs=graphs, **kw)
+    return ModelRunner(smollm.model, cfg)
+
+
+def test_decode_steps_match_the_paged_path_with_padding_rows_and_two_context_buckets(smollm):
+    eager, static = _runner(smollm, False), _runner(smollm, True)
+    assert static.graphs.batch_buckets == (1, 2, 4, 8) and static.graphs.context_buckets == (512, 1024)
+    prompts = {"a": list(range(100, 120)), "b": list(range(300, 305)), "c": list(range(1000, 1000 + 530))}
+    for r in (eager, static):
+        r.run([Chunk(s, ids) for s, ids in prompts.items()])
+    nxt = {s: 7 for s in prompts}
+    for step in range(3):
+        for seqs in (["a", "b", "c"], ["b"]):  # 3 rows -> bucket 4 (one padding row); 1 row; c needs ctx 1024
+            chunks = [Chunk(s, [nxt[s]]) for s in seqs]
+            want = eager.run(chunks)
+            got = static.run(chunks)
+            assert torch.allclose(got.logits, want.logits, atol=2e-4, rtol=1e-4), (got.logits - want.logits).abs().max()
+            assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+            assert torch.allclose(got.hidden, want.hidden, atol=2e-4, rtol=1e-4)
+            for s, t in zip(seqs, want.logits.argmax(-1).tolist()):
+                nxt[s] = t
+    assert {(4, 1024), (1, 512)} <= set(static.graphs._buckets)
+
+
+def test_steps_the_buckets_do_not_hold_take_the_paged_path(smollm):
+    r = _runner(smollm, True)
+    r.run([Chunk("x", list(range(10)))])
+    meta_free = r.graphs._buckets == {}
+    out = r.run([Chunk("x", [5, 6, 7], num_logits=3)])  # a verify-shaped chunk: not a decode step
+    assert meta_free and r.graphs._buckets == {} and out.logits.shape[0] == 3
+    out = r.run([Chunk("x", [9])])
+    assert len(r.graphs._buckets) == 1 and out.logits.shape[0] == 1
+
+
+def test_the_scratch_block_is_reserved_and_returned_outputs_survive_the_next_step(smollm):
+    r = _runner(smollm, True)
+    assert PAD_SEQ in r.allocator and r.allocator.length(PAD_SEQ) == 1
+    r.run([Chunk("x", list(range(10))), Chunk("y", list(range(20)))])
+    first = r.run([Chunk("x", [1])]).logits
+    kept = first.clone()
+    r.run([Chunk("x", [2])])
+    assert torch.equal(first, kept)  # not a view of the bucket's buffer
+
+
+@pytest.mark.parametrize("draft,k", [("none", 0), ("ngram", 4)])
+def test_generation_is_identical_with_and_without_the_static_path(smollm, draft, k):
+    tok = smollm.tokenizer
+    prompts = [tok.encode_chat([{"role": "user", "content": t}])
+               for t in ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.")]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
+    dec = make_decoder(smollm, draft, k=k, cuda_graphs=True)
+    got = dec.generate(prompts, params)
+    if k == 0:
+        assert dec.target.graphs._buckets  # plain decode went through a bucket
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
