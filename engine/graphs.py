@@ -1,12 +1,16 @@
-"""Plain decode through CUDA graphs: one captured forward per (batch, context) bucket.
+"""Uniform forward steps through CUDA graphs: one captured forward per bucket.
 
-A decode step (every sequence appends one token and wants its logits) is the same kernels
-every time; only the inputs change. Each bucket owns persistent input buffers (token ids,
-positions, the ``StaticAttention`` layout) and output buffers (final hidden states, float32
-logits). A step copies its inputs into the smallest bucket that holds the batch, replays the
-graph and reads the first rows of the outputs: one launch instead of hundreds, no Python per
-layer. Buckets are captured lazily on first use, or all at once by ``capture_all``; they share
-one memory pool.
+A *uniform step* is a forward in which every sequence appends the same number of tokens
+``q_len`` and wants the logits of all of them: a plain decode step (q_len 1) or the target's
+verify of k drafts (q_len k + 1), optionally with the target's aux features (EAGLE). It is
+the same kernels every time; only the inputs change. A bucket is (rows, q_len, context,
+aux layers); it owns persistent input buffers (token ids, positions, the ``StaticAttention``
+layout) and output buffers (final hidden states, float32 logits, aux features). A step copies
+its inputs into the smallest bucket that holds it, replays the graph and reads the first rows
+of the outputs: one launch instead of hundreds, no Python per layer. Buckets are captured
+lazily on first use, or by ``capture_all``; they share one memory pool. Multi-token buckets
+stop at ``MAX_GRAPH_TOKENS`` rows * q_len (their logits buffers grow with it; larger verify
+batches are less launch-bound and run eagerly).
 
 On a CPU the same buckets run eagerly (``capture=False``): the static path is then testable
 where no GPU is, against the paged backends.
@@ -27,23 +31,28 @@ if TYPE_CHECKING:
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXT_BUCKETS = (512, 2048, 8192, 32768)  # tokens a row may hold; capped by the engine's max context
+MAX_GRAPH_TOKENS = 512  # rows * q_len of the largest multi-token (verify) bucket
 PAD_SEQ = "__tandem_graph_pad__"  # the allocator sequence owning the scratch block padding rows write to
 
 
 @dataclass
 class _Bucket:
     attn: StaticAttention
-    input_ids: torch.Tensor   # [B] long
-    positions: torch.Tensor   # [B] long
-    hidden: torch.Tensor | None = None  # [B, hidden] after the final norm
-    logits: torch.Tensor | None = None  # [B, vocab] float32
+    aux_layers: tuple[int, ...]
+    input_ids: torch.Tensor   # [B*Q] long
+    positions: torch.Tensor   # [B*Q] long
+    hidden: torch.Tensor | None = None  # [B*Q, hidden] after the final norm
+    logits: torch.Tensor | None = None  # [B*Q, vocab] float32
+    aux: torch.Tensor | None = None     # [B*Q, len(aux_layers) * hidden] when aux_layers
     graph: "torch.cuda.CUDAGraph | None" = None
 
 
-class DecodeGraphs:
-    def __init__(self, runner: "ModelRunner", max_batch: int, max_context: int, capture: bool) -> None:
+class StepGraphs:
+    def __init__(self, runner: "ModelRunner", max_batch: int, max_context: int, max_q_len: int,
+                 capture: bool) -> None:
         self.runner = runner
         self.capture = capture
+        self.max_q_len = max_q_len
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
         alloc = runner.allocator
@@ -52,60 +61,74 @@ class DecodeGraphs:
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
-    def bucket_for(self, meta: AttentionMetadata) -> tuple[int, int] | None:
-        """(rows, context) of the smallest bucket holding this decode step, or None."""
-        if not meta.is_decode:
+    def bucket_for(self, meta: AttentionMetadata, aux_layers: tuple[int, ...] = ()
+                   ) -> tuple[int, int, int, tuple[int, ...]] | None:
+        """(rows, q_len, context, aux_layers) of the smallest bucket holding this uniform step, or None."""
+        q_len = meta.q_lens[0]
+        if any(q != q_len for q in meta.q_lens) or q_len > self.max_q_len:
             return None
         n, longest = len(meta.q_lens), max(meta.kv_lens)
         rows = next((b for b in self.batch_buckets if b >= n), None)
         ctx = next((c for c in self.context_buckets if c >= longest), None)
-        return None if rows is None or ctx is None else (rows, ctx)
+        if rows is None or ctx is None or (q_len > 1 and rows * q_len > MAX_GRAPH_TOKENS):
+            return None
+        return rows, q_len, ctx, tuple(aux_layers)
 
-    def run(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step: input_ids, positions [n] -> (logits [n, vocab] float32, hidden [n, hidden])."""
-        key = self.bucket_for(meta)
+    def run(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
+            aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One uniform step of T = n * q_len tokens: input_ids, positions [T] ->
+        (logits [T, vocab] float32, hidden [T, hidden], aux [T, aux] or None): views of the bucket's buffers."""
+        key = self.bucket_for(meta, aux_layers)
         if key is None:
-            raise ValueError("decode graphs: this step fits no bucket (bucket_for returned None)")
+            raise ValueError("step graphs: this step fits no bucket (bucket_for returned None)")
         bucket = self._buckets.get(key) or self._build(*key)
-        n = len(meta.q_lens)
+        t = input_ids.shape[0]
         bucket.attn.load(meta)
-        bucket.input_ids[:n].copy_(input_ids)
-        bucket.input_ids[n:].zero_()
-        bucket.positions[:n].copy_(positions)
-        bucket.positions[n:].zero_()
+        bucket.input_ids[:t].copy_(input_ids)
+        bucket.input_ids[t:].zero_()
+        bucket.positions[:t].copy_(positions)
+        bucket.positions[t:].zero_()
         if bucket.graph is not None:
             bucket.graph.replay()
         else:
             self._forward(bucket)
-        return bucket.logits[:n], bucket.hidden[:n]
+        return bucket.logits[:t], bucket.hidden[:t], None if bucket.aux is None else bucket.aux[:t]
 
-    def capture_all(self) -> int:
-        """Build every bucket now (largest first, so the pool is sized once); returns how many."""
-        for rows in reversed(self.batch_buckets):
-            for ctx in reversed(self.context_buckets):
-                if (rows, ctx) not in self._buckets:
-                    self._build(rows, ctx)
+    def capture_all(self, q_lens: tuple[int, ...] = (1,)) -> int:
+        """Build the buckets of these q_lens now (largest first, so the pool is sized once); returns how many."""
+        for q_len in q_lens:
+            for rows in reversed(self.batch_buckets):
+                if q_len > 1 and rows * q_len > MAX_GRAPH_TOKENS:
+                    continue
+                for ctx in reversed(self.context_buckets):
+                    if (rows, q_len, ctx, ()) not in self._buckets:
+                        self._build(rows, q_len, ctx, ())
         return len(self._buckets)
 
-    def _forward(self, bucket: _Bucket) -> None:
+    def _compute(self, bucket: _Bucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         model = self.runner.model
         bucket.attn.prepare()
-        hidden = model(bucket.input_ids, bucket.positions, bucket.attn)
-        logits = model.compute_logits(hidden)
-        if bucket.hidden is None:
-            bucket.hidden, bucket.logits = hidden, logits
-        else:
-            bucket.hidden.copy_(hidden)
-            bucket.logits.copy_(logits)
+        hidden, aux = model.forward_aux(bucket.input_ids, bucket.positions, bucket.attn, bucket.aux_layers)
+        return model.compute_logits(hidden), hidden, aux
 
-    def _build(self, rows: int, ctx: int) -> _Bucket:
+    def _forward(self, bucket: _Bucket) -> None:
+        logits, hidden, aux = self._compute(bucket)
+        if bucket.hidden is None:
+            bucket.logits, bucket.hidden, bucket.aux = logits, hidden, aux
+        else:
+            bucket.logits.copy_(logits)
+            bucket.hidden.copy_(hidden)
+            if aux is not None:
+                bucket.aux.copy_(aux)
+
+    def _build(self, rows: int, q_len: int, ctx: int, aux_layers: tuple[int, ...]) -> _Bucket:
         r = self.runner
         dev = r.device
         blocks = -(-ctx // r.cache.block_size)
-        attn = StaticAttention(r.cache, r.model.config.num_heads, rows, 1, blocks, self.scratch_block)
-        bucket = _Bucket(attn, torch.zeros(rows, dtype=torch.long, device=dev),
-                         torch.zeros(rows, dtype=torch.long, device=dev))
+        attn = StaticAttention(r.cache, r.model.config.num_heads, rows, q_len, blocks, self.scratch_block)
+        t = rows * q_len
+        bucket = _Bucket(attn, aux_layers, torch.zeros(t, dtype=torch.long, device=dev),
+                         torch.zeros(t, dtype=torch.long, device=dev))
         with torch.inference_mode():
             if not self.capture:
                 self._forward(bucket)  # allocates the output buffers
@@ -118,12 +141,9 @@ class DecodeGraphs:
                 torch.cuda.current_stream(dev).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    model = r.model
-                    attn.prepare()
-                    bucket.hidden = model(bucket.input_ids, bucket.positions, attn)
-                    bucket.logits = model.compute_logits(bucket.hidden)
+                    bucket.logits, bucket.hidden, bucket.aux = self._compute(bucket)
                 bucket.graph = graph
-        self._buckets[(rows, ctx)] = bucket
+        self._buckets[(rows, q_len, ctx, aux_layers)] = bucket
         return bucket
 
     @property

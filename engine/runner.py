@@ -16,7 +16,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata, create_backend
 from engine.config import EngineConfig
-from engine.graphs import DecodeGraphs
+from engine.graphs import StepGraphs
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
 
@@ -47,10 +47,10 @@ class ModelRunner:
                                   config.torch_dtype, self.device)
         self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
         self.vocab_size = cfg.vocab_size
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         if config.use_cuda_graphs:
-            self.graphs = DecodeGraphs(self, config.max_batch_size, config.max_context or cfg.max_position,
-                                       capture=self.device.type == "cuda")
+            self.graphs = StepGraphs(self, config.max_batch_size, config.max_context or cfg.max_position,
+                                     max_q_len=config.max_k + 1, capture=self.device.type == "cuda")
 
     @property
     def allocator(self):
@@ -104,10 +104,11 @@ class ModelRunner:
                                  slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        if (self.graphs is not None and features is None and not aux_layers and len(logit_rows) == len(ids)
-                and self.graphs.bucket_for(meta) is not None):
-            logits, hidden = self.graphs.run(meta, input_ids, pos)  # views of the bucket's buffers: copy out
-            return RunOutput(logits.clone(), hidden.clone(), None)
+        if (self.graphs is not None and features is None and len(logit_rows) == len(ids)
+                and self.graphs.bucket_for(meta, tuple(aux_layers)) is not None):
+            logits, hidden, aux = self.graphs.run(meta, input_ids, pos, tuple(aux_layers))
+            # views of the bucket's buffers, which the next step overwrites: copy out
+            return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
         self.attention.plan(meta)
         aux = None
         if features is not None:

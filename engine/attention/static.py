@@ -9,7 +9,7 @@ every layer. Rows past the batch are padding: they write their K/V into a scratc
 attend to it alone, so they never touch a real sequence.
 
 Reading all ``max_blocks`` pages of every row costs bandwidth a paged kernel would not spend;
-context buckets (``DecodeGraphs``) keep ``max_blocks`` close to the batch's longest sequence.
+context buckets (``StepGraphs``) keep ``max_blocks`` close to the batch's longest sequence.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The static, graph-shaped decode path (engine/graphs.py) against the paged eager path.
+"""The static, graph-shaped step path (engine/graphs.py) against the paged eager path.
 
 On the CPU the buckets run eagerly (no capture), so these tests check everything a CUDA graph
 would hold: the static attention layout, padding rows, bucket choice, buffer reuse. The
@@ -38,17 +38,38 @@ def test_decode_steps_match_the_paged_path_with_padding_rows_and_two_context_buc
             assert torch.allclose(got.hidden, want.hidden, atol=2e-4, rtol=1e-4)
             for s, t in zip(seqs, want.logits.argmax(-1).tolist()):
                 nxt[s] = t
-    assert {(4, 1024), (1, 512)} <= set(static.graphs._buckets)
+    assert {(4, 1, 1024, ()), (1, 1, 512, ())} <= set(static.graphs._buckets)
+
+
+def test_verify_steps_with_aux_features_match_the_paged_path(smollm):
+    """q_len = k + 1 tokens per row, all logits and the EAGLE aux features: the target's verify."""
+    eager, static = _runner(smollm, False), _runner(smollm, True)
+    aux = (1, 14, 26)
+    for r in (eager, static):
+        r.run([Chunk("a", list(range(100, 140))), Chunk("b", list(range(7, 19))), Chunk("c", [3, 4])])
+    for drafts in ([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5], [9, 8, 7, 6, 5]], [[11, 12, 13, 14, 15], [6, 6, 6, 6, 6]]):
+        chunks = [Chunk(s, d, num_logits=len(d)) for s, d in zip("abc", drafts)]
+        want = eager.run(chunks, aux_layers=aux)
+        got = static.run(chunks, aux_layers=aux)
+        assert torch.allclose(got.logits, want.logits, atol=2e-4, rtol=1e-4), (got.logits - want.logits).abs().max()
+        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+        torch.testing.assert_close(got.aux, want.aux, atol=2e-3, rtol=1e-3)  # residual stream: large values
+        for r in (eager, static):  # roll back two of the five, as a partly rejected verify would
+            for s in "abc"[: len(drafts)]:
+                r.truncate(s, r.length(s) - 2)
+    assert (4, 5, 512, aux) in static.graphs._buckets and (2, 5, 512, aux) in static.graphs._buckets
 
 
 def test_steps_the_buckets_do_not_hold_take_the_paged_path(smollm):
     r = _runner(smollm, True)
-    r.run([Chunk("x", list(range(10)))])
-    meta_free = r.graphs._buckets == {}
-    out = r.run([Chunk("x", [5, 6, 7], num_logits=3)])  # a verify-shaped chunk: not a decode step
-    assert meta_free and r.graphs._buckets == {} and out.logits.shape[0] == 3
+    r.run([Chunk("x", list(range(10))), Chunk("y", list(range(4)))])  # a prefill: logits of the last only
+    assert r.graphs._buckets == {}
+    out = r.run([Chunk("x", [5, 6, 7], num_logits=3), Chunk("y", [1], num_logits=1)])  # ragged q_lens
+    assert r.graphs._buckets == {} and out.logits.shape[0] == 4
+    out = r.run([Chunk("x", list(range(10)), num_logits=10)])  # q_len above max_k + 1
+    assert r.graphs._buckets == {} and out.logits.shape[0] == 10
     out = r.run([Chunk("x", [9])])
-    assert len(r.graphs._buckets) == 1 and out.logits.shape[0] == 1
+    assert list(r.graphs._buckets) == [(1, 1, 512, ())] and out.logits.shape[0] == 1
 
 
 def test_the_scratch_block_is_reserved_and_returned_outputs_survive_the_next_step(smollm):
@@ -61,7 +82,7 @@ def test_the_scratch_block_is_reserved_and_returned_outputs_survive_the_next_ste
     assert torch.equal(first, kept)  # not a view of the bucket's buffer
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("ngram", 4)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("ngram", 4), ("layerskip:4", 3), ("auto", 4)])
 def test_generation_is_identical_with_and_without_the_static_path(smollm, draft, k):
     tok = smollm.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": t}])
@@ -70,6 +91,6 @@ def test_generation_is_identical_with_and_without_the_static_path(smollm, draft,
     want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
     dec = make_decoder(smollm, draft, k=k, cuda_graphs=True)
     got = dec.generate(prompts, params)
-    if k == 0:
-        assert dec.target.graphs._buckets  # plain decode went through a bucket
+    if draft != "ngram":  # plain decode steps, and the uniform verifies of a drafter that always drafts k
+        assert {key[1] for key in dec.target.graphs._buckets} >= {k + 1}
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]

@@ -2,8 +2,9 @@
 
 In float32 with the torch attention on both sides, the captured path must decode exactly
 what the eager paged path decodes; a replay must agree with running the same bucket
-uncaptured (to float32 rounding: cuBLAS may pick other kernels under capture); and speculative decoding whose drafter steps go through the graphs must still
-equal plain greedy decoding.
+uncaptured (to float32 rounding: cuBLAS may pick other kernels under capture); and speculative
+decoding whose verifies (k + 1 tokens, with the aux features for EAGLE) and drafter steps go
+through the graphs must still equal plain greedy decoding.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_replay_agrees_with_the_uncaptured_bucket(f32):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-@pytest.mark.parametrize("draft", ["layerskip:4", "ngram"])
+@pytest.mark.parametrize("draft", ["layerskip:4", "ngram", "auto"])
 def test_speculative_with_graphs_equals_plain_greedy(f32, prompts, draft):
     plain = _decoder(f32, "none", 0, False).generate(prompts, GREEDY)
     spec = _decoder(f32, draft, 4, True).generate(prompts, GREEDY)
