@@ -1,4 +1,4 @@
-"""Plain decode through captured CUDA graphs (engine/graphs.py) on the GPU.
+"""Uniform steps through captured CUDA graphs (engine/graphs.py) on the GPU: plain decode and verify.
 
 In float32 with the torch attention on both sides, the captured path must decode exactly
 what the eager paged path decodes; a replay must agree with running the same bucket
