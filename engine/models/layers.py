@@ -67,10 +67,15 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inv_freq)
         return torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim]
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [T]; q: [T, Hq, D]; k: [T, Hkv, D]
-        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] -> (cos, sin), each [T, 1, D/2] float32: looked up once per forward, shared by every layer."""
+        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [T, H, D] (queries and keys side by side: one pass for both) rotated by ``rope`` from ``lookup``."""
+    return _rotate(x, *rope)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
-from engine.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from engine.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
 
 class Attention(nn.Module):
@@ -26,14 +26,13 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
-        # x: [T, hidden]; positions: [T]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        # x: [T, hidden]; rope: RotaryEmbedding.lookup(positions)
+        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = apply_rotary(qk.view(qk.shape[0], -1, self.head_dim), rope)  # [T, Hq + Hkv, D]: one pass for q and k
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
         o = attn.forward(self.layer, q, k, v)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -46,8 +45,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, positions, rotary, attn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn)
+    def forward(self, x, rope, attn):
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -78,8 +77,9 @@ class LlamaForCausalLM(nn.Module):
         m = self.model
         x = m.embed_tokens(input_ids)
         aux = []
+        rope = m.rotary.lookup(positions)
         for i, layer in enumerate(m.layers):
-            x = layer(x, positions, m.rotary, attn)
+            x = layer(x, rope, attn)
             if i in aux_layers:
                 aux.append(x)
         return m.norm(x), (torch.cat(aux, dim=-1) if aux_layers else None)
