@@ -5,6 +5,8 @@
   probabilities, and ``sample_final``: the recovered/bonus token by the exponential race.
 - ``kv_slots``: paged-KV slots and positions of the tokens a batch appends.
 - ``next_inputs``: the last committed token and new lengths the next round starts from.
+- ``rmsnorm`` and ``rotary``: a decode forward's norms and rotary embedding, one launch each
+  instead of about eight and ten (``python -m bench.op_count`` shows why that matters).
 
 Each module has a validating wrapper (ValueError naming the bad argument) and a pure-torch
 ``*_reference``. The kernels need CUDA tensors, or ``TRITON_INTERPRET=1`` set before they

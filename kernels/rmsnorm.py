@@ -1,0 +1,68 @@
+"""RMSNorm in one launch: what ``engine.models.layers.RMSNorm`` does in about eight.
+
+Contract (the engine's arithmetic, step by step): the row is upcast to float32, scaled by
+``rsqrt(mean(x^2) + eps)``, rounded back to the input dtype, then multiplied by the weight in
+that dtype. The sum of squares is reduced in another order than torch's, so results agree
+to float32 rounding, not bit for bit. Reference: ``rmsnorm_reference``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_launchable, check_tensor, pow2_at_least
+
+MAX_DIM = 16384  # one program holds a whole row
+
+
+def rmsnorm_reference(
+    x: torch.Tensor,       # [T, D] float32 / bfloat16 / float16
+    weight: torch.Tensor,  # [D] same dtype as x
+    eps: float,
+) -> torch.Tensor:         # [T, D] x's dtype
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr,    # [T, D]
+    w_ptr,    # [D]
+    out_ptr,  # [T, D] contiguous
+    stride_x, D, eps,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    live = cols < D
+    x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0).to(tl.float32)
+    scale = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    normed = (x * scale).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=live, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * D + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=live)
+
+
+def rmsnorm(
+    x: torch.Tensor,       # [T, D], rows may be strided; last dim contiguous
+    weight: torch.Tensor,  # [D] same dtype and device as x
+    eps: float,
+) -> torch.Tensor:         # [T, D] contiguous, x's dtype
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a [T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    t, d = x.shape
+    if not 1 <= d <= MAX_DIM:
+        raise ValueError(f"x's last dimension must be in [1, {MAX_DIM}], got {d}")
+    check_tensor("weight", weight, x.dtype, (d,), x.device)
+    if not (isinstance(eps, float) and eps > 0):
+        raise ValueError(f"eps must be a float > 0, got {eps!r}")
+    check_launchable(_rmsnorm_kernel, x.device)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty((t, d), dtype=x.dtype, device=x.device)
+    if t:
+        _rmsnorm_kernel[(t,)](x, weight.contiguous(), out, x.stride(0), d, eps, BLOCK=pow2_at_least(d))
+    return out
