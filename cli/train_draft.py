@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
     g.add_argument("--max-new-tokens", type=int, default=320, help="response length cap")
     g.add_argument("--gen-batch-size", type=int, default=256, help="prompts answered per batch")
     g.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=0.7")
+    g.add_argument("--generator", choices=["dense", "engine"], default="dense",
+                   help="how the target answers: dense (padded batches, one dense KV cache; the measured "
+                        "default) or engine (the serving engine: paged KV, continuous batching, CUDA graphs)")
     g.add_argument("--corpus", type=Path, help="corpus cache (.npz): loaded when it exists, else written after generation")
     g.add_argument("--answers-weight", type=int, default=1,
                    help="times each of the target's own answers is seen per pass, next to one time each reply")
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"train-draft: corpus {args.corpus}: {len(samples)} sequences", file=sys.stderr)
     else:
         samples = corpus.build(target.model, tok, args.num_prompts, args.max_prompt_tokens, args.max_new_tokens,
-                               args.gen_batch_size, args.seed, args.sampled_fraction)
+                               args.gen_batch_size, args.seed, args.sampled_fraction, args.generator)
         if args.corpus is not None:
             corpus.save(samples, args.corpus)
     samples = samples * args.answers_weight

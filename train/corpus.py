@@ -125,8 +125,33 @@ def generate(model: LlamaForCausalLM, prompts: Sequence[Sequence[int]], eos_ids:
     return out
 
 
+def generate_engine(model: LlamaForCausalLM, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]], max_new: int,
+                    temperature: float, batch_size: int, seed: int) -> list[list[int]]:
+    """The same answers through the serving engine (paged KV, continuous batching, CUDA graphs on a GPU):
+    plain decoding, prompt i seeded with ``seed + i``; EOS included when reached, in prompt order."""
+    from engine.config import EngineConfig, SamplingParams
+    from engine.runner import ModelRunner
+    from engine.spec import SpecDecoder
+
+    param = next(model.parameters())
+    dtype = str(param.dtype).removeprefix("torch.")
+    longest = max((len(p) for p in prompts), default=0) + max_new
+    config = EngineConfig(device=str(param.device), dtype=dtype, attention="torch", k=0, max_k=0,
+                          max_batch_size=batch_size, kv_cache_tokens=batch_size * (longest + 16) + 1024)
+    decoder = SpecDecoder(ModelRunner(model, config), tokenizer, config, None)
+    out: list[list[int]] = []
+    group = 4 * batch_size  # a few batches' worth queued at a time: full batches, and a progress bar
+    for g0 in tqdm(range(0, len(prompts), group), desc=f"target answers (T={temperature}, engine)", unit="group",
+                   leave=False):
+        part = prompts[g0: g0 + group]
+        params = [SamplingParams(temperature=temperature, max_tokens=max_new, seed=seed + g0 + i)
+                  for i in range(len(part))]
+        out += [o.new_token_ids for o in decoder.generate(part, params)]
+    return out
+
+
 def build(model: LlamaForCausalLM, tokenizer: Tokenizer, num_prompts: int, max_prompt_tokens: int, max_new: int,
-          batch_size: int, seed: int, sampled_fraction: float = 0.5) -> list[Sample]:
+          batch_size: int, seed: int, sampled_fraction: float = 0.5, generator: str = "dense") -> list[Sample]:
     """Answer ``num_prompts`` training prompts with the target: a share greedy, the rest at T=0.7."""
     prompts = chat_prompts(tokenizer, 0, VAL_START, num_prompts, max_prompt_tokens)
     random.Random(seed).shuffle(prompts)
@@ -135,8 +160,11 @@ def build(model: LlamaForCausalLM, tokenizer: Tokenizer, num_prompts: int, max_p
     for temp, part in ((0.0, prompts[n_sampled:]), (0.7, prompts[:n_sampled])):
         if not part:
             continue
-        responses = generate(model, part, tokenizer.eos_token_ids, max_new, temp, batch_size, seed,
-                             desc=f"target answers (T={temp})")
+        if generator == "engine":
+            responses = generate_engine(model, tokenizer, part, max_new, temp, batch_size, seed)
+        else:
+            responses = generate(model, part, tokenizer.eos_token_ids, max_new, temp, batch_size, seed,
+                                 desc=f"target answers (T={temp})")
         samples += [Sample(list(p) + r, len(p), temp) for p, r in zip(part, responses) if r]
     return samples
 

@@ -145,6 +145,17 @@ def test_corpus_answers_are_the_targets_greedy_output(smollm):
     assert got == [o.new_token_ids for o in want]
 
 
+def test_engine_generator_answers_like_the_dense_one(smollm):
+    """Greedy answers through the serving engine equal the dense generator's, EOS included where reached."""
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in ("Say hi.", "Name a prime number.", "Count from one to five.")]
+    eos = smollm.tokenizer.eos_token_ids
+    want = corpus.generate(smollm.model, prompts, eos, 24, 0.0, batch_size=3, seed=0)
+    got = corpus.generate_engine(smollm.model, smollm.tokenizer, prompts, 24, 0.0, batch_size=2, seed=0)
+    assert got == want
+    assert any(a and a[-1] in eos for a in want)  # at least one answer reached EOS inside the cap
+
+
 def test_replies_are_templated_prompts_and_written_replies_before_the_held_out_range(smollm):
     from bench.datasets import sharegpt
 

@@ -7,7 +7,8 @@
 # goes first (it is the default drafter), the draft LM gets the time that is left.
 # RESUME=DIR continues the EAGLE head from an earlier run. REPLIES=N adds N ShareGPT replies as
 # written (REPLIES_CACHE=FILE.npz caches their tokens), ANSWERS_WEIGHT=W shows the target's own
-# answers W times per pass. LM_S=0 skips the draft LM. Results: $STAGE/{eagle,lm}; the small
+# answers W times per pass, GENERATOR=engine answers through the serving engine. LM_S=0 skips
+# the draft LM. Results: $STAGE/{eagle,lm}; the small
 # files are copied under $OUT.
 set -euo pipefail
 STAGE=${STAGE:-/root/stage}
@@ -17,7 +18,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tandem() { python3 -m cli.main "$@"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 common=(--corpus "$CORPUS" --num-prompts "${NUM_PROMPTS:-6000}" --gen-batch-size 512
-        --max-new-tokens 256 --val-prompts 32 --eval-every 1000 --answers-weight "${ANSWERS_WEIGHT:-1}"
+        --max-new-tokens 256 --generator "${GENERATOR:-dense}" --val-prompts 32 --eval-every 1000 --answers-weight "${ANSWERS_WEIGHT:-1}"
         --replies "${REPLIES:-0}" ${REPLIES_CACHE:+--replies-cache "$REPLIES_CACHE"})
 show() { tee "$1" | tr '\r' '\n' | grep -E '^(step|train-draft|\{|  ")' || true; }
 tandem train-draft --kind eagle --out "$STAGE/eagle" --time-budget "${EAGLE_S:-200}" \
