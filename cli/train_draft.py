@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -103,8 +104,14 @@ def run(args: argparse.Namespace) -> int:
         samples = corpus.load(args.corpus)
         print(f"train-draft: corpus {args.corpus}: {len(samples)} sequences", file=sys.stderr)
     else:
+        start = time.monotonic()
         samples = corpus.build(target.model, tok, args.num_prompts, args.max_prompt_tokens, args.max_new_tokens,
                                args.gen_batch_size, args.seed, args.sampled_fraction, args.generator)
+        new = sum(len(s.tokens) - s.prompt_len for s in samples)
+        took = time.monotonic() - start
+        print(f"train-draft: the target answered {len(samples)} prompts ({new} new tokens) in {took:.1f} s "
+              f"with the {args.generator} generator ({new / max(took, 1e-9):.0f} tokens/s, prompt reading "
+              "included)", file=sys.stderr)
         if args.corpus is not None:
             corpus.save(samples, args.corpus)
     samples = samples * args.answers_weight
