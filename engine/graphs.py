@@ -74,13 +74,11 @@ class StepGraphs:
             return None
         return rows, q_len, ctx, tuple(aux_layers)
 
-    def run(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
-            aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One uniform step of T = n * q_len tokens: input_ids, positions [T] ->
-        (logits [T, vocab] float32, hidden [T, hidden], aux [T, aux] or None): views of the bucket's buffers."""
-        key = self.bucket_for(meta, aux_layers)
-        if key is None:
-            raise ValueError("step graphs: this step fits no bucket (bucket_for returned None)")
+    def run(self, key: tuple[int, int, int, tuple[int, ...]], meta: AttentionMetadata, input_ids: torch.Tensor,
+            positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One uniform step of T = n * q_len tokens in bucket ``key`` (from ``bucket_for``): input_ids,
+        positions [T] -> (logits [T, vocab] float32, hidden [T, hidden], aux [T, aux] or None): views of
+        the bucket's buffers."""
         bucket = self._buckets.get(key) or self._build(*key)
         t = input_ids.shape[0]
         bucket.attn.load(meta)

@@ -104,9 +104,11 @@ class ModelRunner:
                                  slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        if (self.graphs is not None and features is None and len(logit_rows) == len(ids)
-                and self.graphs.bucket_for(meta, tuple(aux_layers)) is not None):
-            logits, hidden, aux = self.graphs.run(meta, input_ids, pos, tuple(aux_layers))
+        key = None
+        if self.graphs is not None and features is None and len(logit_rows) == len(ids):
+            key = self.graphs.bucket_for(meta, tuple(aux_layers))
+        if key is not None:
+            logits, hidden, aux = self.graphs.run(key, meta, input_ids, pos)
             # views of the bucket's buffers, which the next step overwrites: copy out
             return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
         self.attention.plan(meta)

@@ -54,14 +54,12 @@ class StaticAttention:
                              f"longest {max(meta.kv_lens)} tokens does not fit the bucket "
                              f"({self.rows} rows, q_len {self.q_len}, {self.max_tokens} tokens)")
         n, bs = len(meta.q_lens), self.cache.block_size
-        table = torch.full((self.rows, self.max_blocks), self.scratch_block, dtype=torch.long)
-        for row, (kv_len, blocks) in enumerate(zip(meta.kv_lens, meta.block_tables)):
-            used = blocks[: -(-kv_len // bs)]
-            table[row, : len(used)] = torch.tensor(used, dtype=torch.long)
-        lens = torch.ones(self.rows, dtype=torch.long)
-        lens[:n] = torch.tensor(meta.kv_lens, dtype=torch.long)
-        self.block_table.copy_(table, non_blocking=True)
-        self.kv_lens.copy_(lens, non_blocking=True)
+        pad = [self.scratch_block] * self.max_blocks
+        rows = [list(blocks[: -(-kv_len // bs)]) for kv_len, blocks in zip(meta.kv_lens, meta.block_tables)]
+        table = [r + pad[len(r):] for r in rows] + [pad] * (self.rows - n)
+        self.block_table.copy_(torch.tensor(table, dtype=torch.long), non_blocking=True)
+        self.kv_lens.copy_(torch.tensor(list(meta.kv_lens) + [1] * (self.rows - n), dtype=torch.long),
+                           non_blocking=True)
         self.slots[: n * self.q_len].copy_(meta.slot_mapping)
         self.slots[n * self.q_len:].fill_(self.scratch_block * bs)
 
