@@ -27,6 +27,7 @@ import grpc
 
 from gateway.clients import is_serving
 from gateway.discovery import Discovery
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.gateway")
 
@@ -221,11 +222,6 @@ class ReplicaPool(Generic[C]):
                 log.exception("%s replicas: refresh failed", self.service)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         for rep in self.replicas.values():
             await rep.channel.close()

@@ -23,6 +23,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.requests import Event, GatewayRequest
 from gateway.rounds import RoundReport
 from gateway.settings import GatewaySettings
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.gateway")
 tracer = trace.get_tracer("tandem.gateway")
@@ -85,12 +86,7 @@ class Scheduler:
         self._task = asyncio.create_task(self._loop(), name="round-driver")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         while True:

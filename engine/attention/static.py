@@ -69,11 +69,6 @@ class StaticAttention:
         q_pos = self.kv_lens[:, None] + self._offsets[None, :] - 1                  # [B, Q]
         self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]       # [B, 1, Q, S]
 
-    def plan(self, meta: AttentionMetadata) -> None:
-        """The eager entry point (AttentionBackend): load, then prepare."""
-        self.load(meta)
-        self.prepare()
-
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [B*Q, Hq, D]; k, v: [B*Q, Hkv, D] -> [B*Q, Hq, D]
         self.cache.write(layer, self.slots, k, v)

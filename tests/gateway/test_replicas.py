@@ -47,6 +47,14 @@ async def discovered(pool: ReplicaPool, up: bool = True) -> ReplicaPool:
 # ------------------------------------------------------------------------------------ settings
 
 
+
+async def two_verifiers() -> tuple[ReplicaPool, Verifiers]:
+    """Two discovered fake verifiers behind a Verifiers driver that prefills through client.prefill."""
+    pool = pool_of("127.0.0.1:1,127.0.0.1:2")
+    pool.make = lambda a: (grpc.aio.insecure_channel(a), FakeVerifier(a))
+    await discovered(pool)
+    return pool, Verifiers(pool, lambda client, reqs: client.prefill(reqs))
+
 def test_address_settings_take_lists_and_names():
     s = load(GatewaySettings, verifier_address="10.0.0.1:50052, tandem-verifier-headless:50052,[::1]:7")
     assert s.verifier_targets() == [Target("10.0.0.1", 50052), Target("tandem-verifier-headless", 50052),
@@ -206,10 +214,7 @@ class FakeVerifier(FakeClient):
 
 def test_a_lost_verifiers_requests_are_prefilled_again_elsewhere():
     async def scenario():
-        pool = pool_of("127.0.0.1:1,127.0.0.1:2")
-        pool.make = lambda a: (grpc.aio.insecure_channel(a), FakeVerifier(a))
-        await discovered(pool)
-        verifiers = Verifiers(pool, lambda client, reqs: client.prefill(reqs))
+        pool, verifiers = await two_verifiers()
         reqs = [_req(i) for i in range(4)]
         assert [v.committed for v in await verifiers.prefill(reqs)] == [[100]] * 4
         a, b = pool.replicas["127.0.0.1:1"], pool.replicas["127.0.0.1:2"]
@@ -242,10 +247,7 @@ def test_a_lost_verifiers_requests_are_prefilled_again_elsewhere():
 
 def test_other_verifier_errors_fail_only_that_replicas_requests():
     async def scenario():
-        pool = pool_of("127.0.0.1:1,127.0.0.1:2")
-        pool.make = lambda a: (grpc.aio.insecure_channel(a), FakeVerifier(a))
-        await discovered(pool)
-        verifiers = Verifiers(pool, lambda client, reqs: client.prefill(reqs))
+        pool, verifiers = await two_verifiers()
         reqs = [_req(i) for i in range(4)]
         await verifiers.prefill(reqs)
         a = pool.replicas["127.0.0.1:1"]
@@ -261,10 +263,7 @@ def test_other_verifier_errors_fail_only_that_replicas_requests():
 
 def test_a_call_to_a_verifier_that_hangs_is_given_up_when_it_goes_down():
     async def scenario():
-        pool = pool_of("127.0.0.1:1,127.0.0.1:2")
-        pool.make = lambda a: (grpc.aio.insecure_channel(a), FakeVerifier(a))
-        await discovered(pool)
-        verifiers = Verifiers(pool, lambda client, reqs: client.prefill(reqs))
+        pool, verifiers = await two_verifiers()
         reqs = [_req(i) for i in range(2)]
         await verifiers.prefill(reqs)
         a = pool.pinned("r0")
