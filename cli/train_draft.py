@@ -32,11 +32,21 @@ def add_parser(sub) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=384, help="longer prompts are skipped")
     g.add_argument("--max-new-tokens", type=int, default=320, help="response length cap")
     g.add_argument("--gen-batch-size", type=int, default=256, help="prompts answered per batch")
-    g.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=0.7")
+    g.add_argument("--temperatures", default="0,0.7",
+                   help="comma-separated: every prompt is answered once at each (0 = greedy)")
+    g.add_argument("--turns", choices=["first", "all"], default="first",
+                   help="prompts: the first user turn of each conversation, or every user turn with the "
+                        "conversation before it as written (about twice as many prompts)")
+    g.add_argument("--gen-time-budget", type=float,
+                   help="seconds of answering: prompts go in a seeded random order, no new block of "
+                        "2 batches starts past the budget (default: answer them all)")
     g.add_argument("--generator", choices=["dense", "engine"], default="dense",
                    help="how the target answers: dense (padded batches, one dense KV cache; the measured "
                         "default) or engine (the serving engine: paged KV, continuous batching, CUDA graphs)")
-    g.add_argument("--corpus", type=Path, help="corpus cache (.npz): loaded when it exists, else written after generation")
+    g.add_argument("--corpus", type=Path,
+                   help="corpus cache: a .npz file, or a directory of .npz shards (written block by block as "
+                        "the target answers, so a cut-off run keeps its answers); loaded when it exists")
+    g.add_argument("--corpus-only", action="store_true", help="make (or load) the corpus, report it and stop")
     g.add_argument("--answers-weight", type=int, default=1,
                    help="times each of the target's own answers is seen per pass, next to one time each reply")
     g.add_argument("--replies", type=int, default=0,
@@ -82,10 +92,18 @@ def run(args: argparse.Namespace) -> int:
                  "k", "answers_weight"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    for name in ("corpus", "replies_cache"):
-        path = getattr(args, name)
-        if path is not None and path.suffix != ".npz":
-            raise ValueError(f"--{name.replace('_', '-')}: must name a .npz file, got {path}")
+    if args.corpus is not None and args.corpus.suffix not in (".npz", ""):
+        raise ValueError(f"--corpus: must name a .npz file or a directory, got {args.corpus}")
+    if args.replies_cache is not None and args.replies_cache.suffix != ".npz":
+        raise ValueError(f"--replies-cache: must name a .npz file, got {args.replies_cache}")
+    try:
+        temperatures = tuple(float(t) for t in args.temperatures.split(","))
+    except ValueError:
+        raise ValueError(f"--temperatures: comma-separated numbers, got {args.temperatures!r}") from None
+    if not temperatures or any(t < 0 for t in temperatures):
+        raise ValueError(f"--temperatures: one or more values >= 0, got {args.temperatures!r}")
+    if args.gen_time_budget is not None and args.gen_time_budget <= 0:
+        raise ValueError(f"--gen-time-budget: must be > 0, got {args.gen_time_budget}")
     if args.replies < 0:
         raise ValueError(f"--replies: must be >= 0, got {args.replies}")
     if args.resume is not None and (args.kind != "eagle" or not (args.resume / "config.json").is_file()):
@@ -100,20 +118,26 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "lm" and not 1 <= args.layers < target.config.num_layers:
         raise ValueError(f"--layers: must be in [1, {target.config.num_layers}), got {args.layers}")
     tok = target.tokenizer
-    if args.corpus is not None and args.corpus.is_file():
+    if args.corpus is not None and corpus.exists(args.corpus):
         samples = corpus.load(args.corpus)
         print(f"train-draft: corpus {args.corpus}: {len(samples)} sequences", file=sys.stderr)
     else:
         start = time.monotonic()
+        shards = args.corpus if args.corpus is not None and args.corpus.suffix == "" else None
         samples = corpus.build(target.model, tok, args.num_prompts, args.max_prompt_tokens, args.max_new_tokens,
-                               args.gen_batch_size, args.seed, args.sampled_fraction, args.generator)
+                               args.gen_batch_size, args.seed, temperatures, args.generator, args.turns,
+                               args.gen_time_budget, shards, log=lambda m: print(m, file=sys.stderr))
         new = sum(len(s.tokens) - s.prompt_len for s in samples)
         took = time.monotonic() - start
         print(f"train-draft: the target answered {len(samples)} prompts ({new} new tokens) in {took:.1f} s "
               f"with the {args.generator} generator ({new / max(took, 1e-9):.0f} tokens/s, prompt reading "
               "included)", file=sys.stderr)
-        if args.corpus is not None:
+        if args.corpus is not None and shards is None:
             corpus.save(samples, args.corpus)
+    if args.corpus_only:
+        print(json.dumps({"sequences": len(samples), "tokens": sum(len(s.tokens) for s in samples),
+                          "response_tokens": sum(len(s.tokens) - s.prompt_len for s in samples)}))
+        return 0
     samples = samples * args.answers_weight
     if args.replies:
         if args.replies_cache is not None and args.replies_cache.is_file():

@@ -1,9 +1,10 @@
 """The distillation corpus: ShareGPT prompts answered by the target itself.
 
-Prompts are the first user turn of ShareGPT conversations with index < ``VAL_START`` (training)
-or in ``[VAL_START, SHAREGPT_EVAL_START)`` (held out for the acceptance checks during training);
+Prompts are user turns of ShareGPT conversations with index < ``VAL_START`` (training) or in
+``[VAL_START, SHAREGPT_EVAL_START)`` (held out for the acceptance checks during training):
+the first user turn of each, or every user turn with the conversation before it as written;
 conversations >= 16000 are evaluation-only and never read here. The target answers every
-prompt in large padded batches, greedily for some and sampled (temperature 0.7) for the rest,
+prompt in large padded batches, once at each temperature asked for (greedy and 0.7 by default),
 so the drafter learns the target's behaviour on the text it will actually draft.
 
 *Replies* widen that corpus at no generation cost: the first reply of a ShareGPT conversation
@@ -14,9 +15,10 @@ position, as the original EAGLE trained. They carry ``temperature = ORIGINAL_REP
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from tqdm import tqdm
@@ -37,8 +39,12 @@ class Sample:
     temperature: float  # how the response was generated (0 = greedy)
 
 
-def chat_prompts(tokenizer: Tokenizer, start: int, stop: int, limit: int, max_prompt_tokens: int) -> list[list[int]]:
-    """First user turns of ShareGPT conversations start <= index < stop, chat-templated."""
+def chat_prompts(tokenizer: Tokenizer, start: int, stop: int, limit: int, max_prompt_tokens: int,
+                 turns: Literal["first", "all"] = "first") -> list[list[int]]:
+    """User turns of ShareGPT conversations start <= index < stop, chat-templated: the first of each
+    conversation (``first``, what serving and the evaluation send), or every user turn with the
+    conversation before it as written (``all``: several prompts per conversation). Prompts longer than
+    ``max_prompt_tokens`` are skipped."""
     if stop > SHAREGPT_EVAL_START:
         raise ValueError(f"corpus: ShareGPT index {stop} reaches the evaluation-only range (>= {SHAREGPT_EVAL_START})")
     out = []
@@ -47,12 +53,16 @@ def chat_prompts(tokenizer: Tokenizer, start: int, stop: int, limit: int, max_pr
             continue
         if conv.index >= stop or len(out) >= limit:
             break
-        text = conv.first_user_text
-        if not text:
-            continue
-        ids = tokenizer.encode_chat([{"role": "user", "content": text}])
-        if len(ids) <= max_prompt_tokens:
-            out.append(ids)
+        history: list[dict[str, str]] = []
+        for role, text in conv.turns:
+            if role == "user" and text.strip() and len(out) < limit:
+                ids = tokenizer.encode_chat(history + [{"role": "user", "content": text}])
+                if len(ids) <= max_prompt_tokens:
+                    out.append(ids)
+                if turns == "first":
+                    break
+            if role in ("user", "assistant"):
+                history.append({"role": role, "content": text})
     return out
 
 
@@ -151,21 +161,41 @@ def generate_engine(model: LlamaForCausalLM, tokenizer: Tokenizer, prompts: Sequ
 
 
 def build(model: LlamaForCausalLM, tokenizer: Tokenizer, num_prompts: int, max_prompt_tokens: int, max_new: int,
-          batch_size: int, seed: int, sampled_fraction: float = 0.5, generator: str = "dense") -> list[Sample]:
-    """Answer ``num_prompts`` training prompts with the target: a share greedy, the rest at T=0.7."""
-    prompts = chat_prompts(tokenizer, 0, VAL_START, num_prompts, max_prompt_tokens)
+          batch_size: int, seed: int, temperatures: Sequence[float] = (0.0, 0.7), generator: str = "dense",
+          turns: Literal["first", "all"] = "first", time_budget_s: float | None = None,
+          shards: Path | None = None, log=print) -> list[Sample]:
+    """Answer up to ``num_prompts`` training prompts with the target, each once at every temperature.
+
+    Prompts go in a seeded random order, in blocks of two batches; with ``time_budget_s`` no new block
+    starts once a block would end past the budget, so a time-boxed corpus is an unbiased sample. With
+    ``shards`` (a directory) each block is written there as it completes (``save_shard``): a run cut
+    short keeps what it made."""
+    prompts = chat_prompts(tokenizer, 0, VAL_START, num_prompts, max_prompt_tokens, turns)
     random.Random(seed).shuffle(prompts)
-    n_sampled = int(len(prompts) * sampled_fraction)
-    samples = []
-    for temp, part in ((0.0, prompts[n_sampled:]), (0.7, prompts[:n_sampled])):
-        if not part:
-            continue
-        if generator == "engine":
-            responses = generate_engine(model, tokenizer, part, max_new, temp, batch_size, seed)
-        else:
-            responses = generate(model, part, tokenizer.eos_token_ids, max_new, temp, batch_size, seed,
-                                 desc=f"target answers (T={temp})")
-        samples += [Sample(list(p) + r, len(p), temp) for p, r in zip(part, responses) if r]
+    start = time.monotonic()
+    samples: list[Sample] = []
+    block = 2 * batch_size
+    for b, b0 in enumerate(range(0, len(prompts), block)):
+        elapsed = time.monotonic() - start
+        if time_budget_s is not None and b and elapsed + elapsed / b > time_budget_s:
+            log(f"corpus: time budget reached after {b0} of {len(prompts)} prompts")
+            break
+        part = prompts[b0: b0 + block]
+        made = []
+        for temp in temperatures:
+            if generator == "engine":
+                responses = generate_engine(model, tokenizer, part, max_new, temp, batch_size, seed + b0)
+            else:
+                responses = generate(model, part, tokenizer.eos_token_ids, max_new, temp, batch_size, seed + b0,
+                                     desc=f"target answers (T={temp})")
+            made += [Sample(list(p) + r, len(p), temp) for p, r in zip(part, responses) if r]
+        if shards is not None:
+            save_shard(made, shards, b)
+        samples += made
+        new = sum(len(s.tokens) - s.prompt_len for s in samples)
+        took = time.monotonic() - start
+        log(f"corpus: block {b}: {min(b0 + block, len(prompts))}/{len(prompts)} prompts, {len(samples)} answers, "
+            f"{new} new tokens in {took:.0f} s ({new / max(took, 1e-9):.0f} tokens/s)")
     return samples
 
 
@@ -181,9 +211,39 @@ def save(samples: list[Sample], path: Path) -> None:
                         temperatures=np.asarray([s.temperature for s in samples], dtype=np.float64))
 
 
+def save_shard(samples: list[Sample], directory: Path, index: int) -> Path:
+    """One block of a corpus directory (``load`` reads the shards in name order)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"shard-{index:04d}.npz"
+    save(samples, path)
+    return path
+
+
+def reshard(samples: Sequence[Sample], directory: Path, max_tokens: int) -> list[Path]:
+    """Write ``samples`` as shards of at most ``max_tokens`` tokens each (fewer, larger files to move)."""
+    paths, part, size = [], [], 0
+    for s in samples:
+        if part and size + len(s.tokens) > max_tokens:
+            paths.append(save_shard(part, directory, len(paths)))
+            part, size = [], 0
+        part.append(s)
+        size += len(s.tokens)
+    if part:
+        paths.append(save_shard(part, directory, len(paths)))
+    return paths
+
+
+def exists(path: Path) -> bool:
+    """A corpus file, or a directory holding at least one shard."""
+    return path.is_file() or (path.is_dir() and any(path.glob("*.npz")))
+
+
 def load(path: Path) -> list[Sample]:
+    """A corpus file, or every ``*.npz`` shard of a corpus directory in name order."""
     import numpy as np
 
+    if path.is_dir():
+        return [s for shard in sorted(path.glob("*.npz")) for s in load(shard)]
     with np.load(path) as f:
         tokens, lengths = f["tokens"].astype(np.int64), f["lengths"]
         prompt_lens, temps = f["prompt_lens"], f["temperatures"]

@@ -132,6 +132,39 @@ def test_corpus_never_reaches_evaluation_prompts(smollm, tmp_path):
     samples = _samples(3) + [corpus.Sample([1, 2, 3, 49151], 2, 0.7)]
     corpus.save(samples, tmp_path / "c.npz")
     assert corpus.load(tmp_path / "c.npz") == samples
+    # a corpus directory: shards read back in name order
+    corpus.save_shard(samples[2:], tmp_path / "shards", 1)
+    corpus.save_shard(samples[:2], tmp_path / "shards", 0)
+    assert corpus.exists(tmp_path / "shards") and not corpus.exists(tmp_path / "none")
+    assert corpus.load(tmp_path / "shards") == samples
+    assert len(corpus.reshard(samples, tmp_path / "big", max_tokens=79)) == 3  # 40 | 40 | 40 + 4 tokens
+    assert corpus.load(tmp_path / "big") == samples
+
+
+def test_all_turns_prompts_carry_the_conversation_before_them(smollm):
+    tok = smollm.tokenizer
+    first = corpus.chat_prompts(tok, 0, 30, 1000, 4096)
+    every = corpus.chat_prompts(tok, 0, 30, 1000, 4096, turns="all")
+    assert len(every) > len(first) and all(p in every for p in first)
+    later = [p for p in every if p not in first]
+    # a later turn's prompt holds an earlier assistant turn and ends with the generation prompt, as served
+    assistant = tok.encode("<|im_start|>assistant", add_special_tokens=False)
+    for p in later:
+        heads = [i for i in range(len(p) - len(assistant) + 1) if p[i: i + len(assistant)] == assistant]
+        assert len(heads) >= 2 and heads[-1] == len(p) - len(assistant) - 1
+    assert len(corpus.chat_prompts(tok, 0, 30, 3, 4096, turns="all")) == 3
+
+
+def test_time_boxed_corpus_writes_each_block_as_it_ends(smollm, tmp_path):
+    """Block 0 always runs; past the budget no new block starts; every prompt gets one answer per temperature."""
+    samples = corpus.build(smollm.model, smollm.tokenizer, 8, 96, 3, batch_size=1, seed=0, temperatures=(0.0, 0.7),
+                           time_budget_s=1e-6, shards=tmp_path / "c", log=lambda m: None)
+    assert len(samples) == 4  # 2 prompts (one block of 2 batches of 1) x 2 temperatures
+    assert sorted(s.temperature for s in samples) == [0.0] * 2 + [0.7] * 2
+    assert corpus.load(tmp_path / "c") == samples
+    greedy = [s for s in samples if s.temperature == 0.0]
+    sampled = [s for s in samples if s.temperature == 0.7]
+    assert [s.tokens[: s.prompt_len] for s in greedy] == [s.tokens[: s.prompt_len] for s in sampled]
 
 
 def test_corpus_answers_are_the_targets_greedy_output(smollm):

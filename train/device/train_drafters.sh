@@ -8,8 +8,11 @@
 # RESUME=DIR continues the EAGLE head from an earlier run. REPLIES=N adds N ShareGPT replies as
 # written (REPLIES_CACHE=FILE.npz caches their tokens), ANSWERS_WEIGHT=W shows the target's own
 # answers W times per pass, GENERATOR=engine answers through the serving engine. LM_S=0 skips
-# the draft LM. Results: $STAGE/{eagle,lm}; the small
-# files are copied under $OUT.
+# the draft LM. TEMPERATURES (default 0,0.7: every prompt answered at each), TURNS=all (every user
+# turn with its conversation as a prompt), GEN_BATCH (512), GEN_S (a time budget for answering) and
+# CORPUS=a directory (shards written block by block) shape the corpus; CORPUS_ONLY=1 stops after it
+# (CORPUS_OUT=DIR: the corpus again there, in shards of 6M tokens).
+# Results: $STAGE/{eagle,lm}; the small files are copied under $OUT.
 set -euo pipefail
 STAGE=${STAGE:-/root/stage}
 CORPUS=${CORPUS:-$STAGE/corpus.npz}
@@ -17,14 +20,25 @@ export TANDEM_CACHE=${TANDEM_CACHE:-$STAGE/payload} TQDM_MININTERVAL=${TQDM_MINI
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tandem() { python3 -m cli.main "$@"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-common=(--corpus "$CORPUS" --num-prompts "${NUM_PROMPTS:-6000}" --gen-batch-size 512
+common=(--corpus "$CORPUS" --num-prompts "${NUM_PROMPTS:-6000}" --gen-batch-size "${GEN_BATCH:-512}"
+        --temperatures "${TEMPERATURES:-0,0.7}" --turns "${TURNS:-first}" --max-prompt-tokens "${MAX_PROMPT:-384}"
+        ${GEN_S:+--gen-time-budget "$GEN_S"} ${LR:+--lr "$LR"}
         --max-new-tokens 256 --generator "${GENERATOR:-dense}" --val-prompts 32 --eval-every 1000 --answers-weight "${ANSWERS_WEIGHT:-1}"
         --replies "${REPLIES:-0}" ${REPLIES_CACHE:+--replies-cache "$REPLIES_CACHE"})
-show() { tee "$1" | tr '\r' '\n' | grep -E '^(step|train-draft|\{|  ")' || true; }
+show() { tee "$1" | tr '\r' '\n' | grep -E '^(step|train-draft|corpus|\{|  ")' || true; }
+if [ -n "${CORPUS_ONLY:-}" ]; then
+  tandem train-draft --kind eagle --out "$STAGE/eagle" --corpus-only "${common[@]}" 2>&1 | show "$OUT/corpus.log"
+  # fewer, larger files to bring back (a device call returns at most 8, 16 MiB each)
+  [ -z "${CORPUS_OUT:-}" ] || python3 -c "import sys; from pathlib import Path; from train import corpus
+print(corpus.reshard(corpus.load(Path(sys.argv[1])), Path(sys.argv[2]), 6_000_000))" "$CORPUS" "$CORPUS_OUT"
+  echo "done in $SECONDS s"; exit 0
+fi
 tandem train-draft --kind eagle --out "$STAGE/eagle" --time-budget "${EAGLE_S:-200}" \
   ${RESUME:+--resume "$RESUME"} "${common[@]}" 2>&1 | show "$OUT/eagle.log"
 mkdir -p "$OUT/eagle" && cp "$STAGE"/eagle/* "$OUT/eagle/"
-[ -e "$OUT/$(basename "$CORPUS")" ] || [ "$(du -b "$CORPUS" | cut -f1)" -gt 16000000 ] || cp "$CORPUS" "$OUT/"
+if [ -f "$CORPUS" ] && [ ! -e "$OUT/$(basename "$CORPUS")" ] && [ "$(du -b "$CORPUS" | cut -f1)" -le 16000000 ]; then
+  cp "$CORPUS" "$OUT/"
+fi
 left=$(( ${CALL_S:-560} - SECONDS - 45 ))
 echo "seconds used: $SECONDS; draft LM budget: $left"
 if [ "${LM_S:-$left}" -gt 0 ] && [ "$left" -ge 60 ]; then
