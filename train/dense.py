@@ -26,6 +26,7 @@ def _flat(o: torch.Tensor) -> torch.Tensor:
 
 class CausalAttention:
     name = "dense-causal"
+    fused_rotary = False
 
     def __init__(self, batch: int) -> None:
         self.batch = batch
@@ -41,6 +42,7 @@ class CachedAttention:
     """Dense KV cache ``[layers, B, S_max, Hkv, D]``; row b's real tokens start at ``pad[b]``."""
 
     name = "dense-cached"
+    fused_rotary = False
 
     def __init__(self, layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int, pad: torch.Tensor,
                  dtype: torch.dtype, device: torch.device) -> None:
@@ -77,6 +79,7 @@ class UnrolledAttention:
     """For unroll step j, after steps 0..j-1 ran through the same object (one layer, layer 0)."""
 
     name = "dense-unrolled"
+    fused_rotary = False
 
     def __init__(self, batch: int) -> None:
         self.batch = batch

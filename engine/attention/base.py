@@ -37,6 +37,9 @@ class AttentionMetadata:
 
 class AttentionBackend(Protocol):
     name: str
+    # True: ``forward`` takes q and k *before* the rotary embedding plus the forward's rope tables
+    # (``RotaryEmbedding.lookup``) as a fifth argument, and rotates them itself (fused with its KV write)
+    fused_rotary: bool
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Prepare for one forward pass (called once, before the first layer)."""

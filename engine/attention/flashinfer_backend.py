@@ -26,6 +26,7 @@ def _import_flashinfer():
 
 class FlashInferAttention:
     name = "flashinfer"
+    fused_rotary = False
 
     def __init__(self, cache: PagedKVCache, num_heads: int, device: torch.device) -> None:
         flashinfer = _import_flashinfer()

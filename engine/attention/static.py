@@ -8,8 +8,12 @@ buffers that ``load`` refills before every replay (host -> device copies, outsid
 every layer. Rows past the batch are padding: they write their K/V into a scratch slot and
 attend to it alone, so they never touch a real sequence.
 
-Reading all ``max_blocks`` pages of every row costs bandwidth a paged kernel would not spend;
-context buckets (``StepGraphs``) keep ``max_blocks`` close to the batch's longest sequence.
+Two implementations. On CUDA one Triton launch per layer (``kernels.static_attention``) rotates
+q and k, writes the new K/V and attends over exactly each row's length (``fused_rotary``: the
+model hands it q and k unrotated). Elsewhere (the CPU, where the static path runs eagerly and is
+tested) the plain torch steps: KV write, a gather of all ``max_blocks`` pages of every row and a
+masked ``scaled_dot_product_attention``; reading whole pages costs bandwidth a paged kernel would
+not spend, and context buckets (``StepGraphs``) keep ``max_blocks`` close to the longest row.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ class StaticAttention:
     name = "static"
 
     def __init__(self, cache: PagedKVCache, num_heads: int, rows: int, q_len: int, max_blocks: int,
-                 scratch_block: int) -> None:
+                 scratch_block: int, use_kernel: bool | None = None) -> None:
+        """use_kernel: the Triton launch (None: when the cache is on CUDA; True on the CPU needs TRITON_INTERPRET)."""
         dev = cache.k.device
+        self.fused_rotary = dev.type == "cuda" if use_kernel is None else use_kernel
         self.cache = cache
         self.num_heads = num_heads
         self.rows, self.q_len, self.max_blocks = rows, q_len, max_blocks
@@ -58,19 +64,28 @@ class StaticAttention:
         rows = [list(blocks[: -(-kv_len // bs)]) for kv_len, blocks in zip(meta.kv_lens, meta.block_tables)]
         table = [r + pad[len(r):] for r in rows] + [pad] * (self.rows - n)
         self.block_table.copy_(torch.tensor(table, dtype=torch.long), non_blocking=True)
-        self.kv_lens.copy_(torch.tensor(list(meta.kv_lens) + [1] * (self.rows - n), dtype=torch.long),
+        # padding rows hold exactly their own q_len tokens, all in the scratch block
+        self.kv_lens.copy_(torch.tensor(list(meta.kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
                            non_blocking=True)
         self.slots[: n * self.q_len].copy_(meta.slot_mapping)
         self.slots[n * self.q_len:].fill_(self.scratch_block * bs)
 
     def prepare(self) -> None:
         """Build the mask from the buffers (inside the graph): query j of row b sits at position
-        kv_len[b] - q_len + j and sees keys 0 .. that position."""
+        kv_len[b] - q_len + j and sees keys 0 .. that position. The kernel needs none."""
+        if self.fused_rotary:
+            return
         q_pos = self.kv_lens[:, None] + self._offsets[None, :] - 1                  # [B, Q]
         self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]       # [B, 1, Q, S]
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: [B*Q, Hq, D]; k, v: [B*Q, Hkv, D] -> [B*Q, Hq, D]
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        # q: [B*Q, Hq, D]; k, v: [B*Q, Hkv, D] -> [B*Q, Hq, D]; q and k unrotated when fused_rotary
+        if self.fused_rotary:
+            from kernels.static_attention import static_attention
+
+            return static_attention(q, k, v, *rope, self.cache.k[layer], self.cache.v[layer], self.block_table,
+                                    self.kv_lens, self.q_len)
         self.cache.write(layer, self.slots, k, v)
         b, n, s = self.rows, self.q_len, self.max_tokens
         hkv, d = k.shape[1:]

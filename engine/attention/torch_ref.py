@@ -15,6 +15,7 @@ from engine.kv_cache import PagedKVCache
 
 class TorchAttention:
     name = "torch"
+    fused_rotary = False
 
     def __init__(self, cache: PagedKVCache, num_heads: int) -> None:
         self.cache = cache

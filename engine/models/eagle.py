@@ -122,7 +122,8 @@ class EagleHead(nn.Module):
         """input_ids, positions: [T]; features: [T, hidden] (f_{p-1} per entry) -> outputs g [T, hidden]."""
         emb = self.target.model.embed_tokens(input_ids)
         x = self.proj(torch.cat([self.embed_norm(emb), self.feature_norm(features)], dim=-1))
-        return self.layer(x, self.target.model.rotary.lookup(positions), attn)
+        x, delta = self.layer(x, self.target.model.rotary.lookup(positions), attn)
+        return x + delta
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] head outputs -> logits [N, vocab] float32 through the target's LM head."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import RopeScaling
+from engine.models import ops
 
 
 class RMSNorm(nn.Module):
@@ -22,10 +22,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, dim]
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, delta: [T, dim] -> (x + delta, its norm), one fused step; delta None: (x, norm of x)."""
+        if delta is None:
+            return x, self(x)
+        return ops.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -92,5 +95,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))

@@ -29,11 +29,16 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]; rope: RotaryEmbedding.lookup(positions)
-        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = apply_rotary(qk.view(qk.shape[0], -1, self.head_dim), rope)  # [T, Hq + Hkv, D]: one pass for q and k
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        o = attn.forward(self.layer, q, k, v)
+        qkv = self.qkv_proj(x)
+        t, d = qkv.shape[0], self.head_dim
+        if attn.fused_rotary:  # the backend rotates q and k itself, in the launch that writes the KV
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            o = attn.forward(self.layer, q.view(t, -1, d), k.view(t, -1, d), v.view(t, -1, d), rope)
+        else:
+            qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+            qk = apply_rotary(qk.view(t, -1, d), rope)  # [T, Hq + Hkv, D]: one pass for q and k
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            o = attn.forward(self.layer, q, k, v.view(t, -1, d))
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -45,9 +50,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, rope, attn):
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, rope, attn, delta: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, hidden] residual stream; delta: the previous layer's output not yet added to it (None: none).
+        Returns (residual stream, this layer's MLP output not yet added): the next norm adds it in one step."""
+        x, h = self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, rope, attn))
+        return x, self.mlp(h)
 
 
 class LlamaModel(nn.Module):
@@ -75,14 +84,14 @@ class LlamaForCausalLM(nn.Module):
         """Also return the residual stream after each layer in ``aux_layers`` (the features an
         EAGLE head drafts from): final hidden [T, hidden], aux [T, len(aux_layers) * hidden] or None."""
         m = self.model
-        x = m.embed_tokens(input_ids)
+        x, delta = m.embed_tokens(input_ids), None
         aux = []
         rope = m.rotary.lookup(positions)
         for i, layer in enumerate(m.layers):
-            x = layer(x, rope, attn)
+            x, delta = layer(x, rope, attn, delta)
             if i in aux_layers:
-                aux.append(x)
-        return m.norm(x), (torch.cat(aux, dim=-1) if aux_layers else None)
+                aux.append(x + delta)  # the residual stream after layer i
+        return m.norm.add(x, delta)[1], (torch.cat(aux, dim=-1) if aux_layers else None)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> logits [N, vocab] in float32."""

@@ -68,3 +68,46 @@ def test_rotary_matches_reference_on_queries_and_keys_viewed_from_a_fused_projec
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rmsnorm_matches_reference_and_the_engines_unfused_steps(dtype):
+    from engine.models.layers import RMSNorm
+    from kernels.fused_norm import add_rmsnorm, add_rmsnorm_reference
+
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(5, 2 * 96, generator=g) * 4).to(dtype)[:, :96]  # strided rows
+    delta = torch.randn(5, 96, generator=g).to(dtype)
+    norm = RMSNorm(96, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(generator=g)
+        res, out = add_rmsnorm(x, delta, norm.weight, 1e-5)
+        want_res, want_out = add_rmsnorm_reference(x, delta, norm.weight, 1e-5)
+        assert torch.equal(want_res, x + delta) and torch.equal(want_out, norm(x + delta))
+        # one rounding of a float32 sum: exact in float32 (the interpreter rounds bfloat16 its own way)
+        torch.testing.assert_close(res, want_res, **(dict(atol=0, rtol=0) if dtype == torch.float32 else TOL[dtype]))
+        torch.testing.assert_close(out, want_out, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_reference_and_swiglu(dtype):
+    from engine.models.layers import SwiGLU
+    from kernels.silu_mul import silu_mul, silu_mul_reference
+
+    g = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(3, 2 * 1536, generator=g) * 3).to(dtype)
+    torch.testing.assert_close(silu_mul(gate_up), silu_mul_reference(gate_up), **TOL[dtype])
+    mlp = SwiGLU(8, 1536).to(dtype)
+    with torch.no_grad():
+        x = torch.randn(3, 8, generator=g).to(dtype)
+        assert torch.equal(mlp.down_proj(silu_mul_reference(mlp.gate_up_proj(x))), mlp(x))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: __import__("kernels.fused_norm").fused_norm.add_rmsnorm(torch.randn(2, 4), torch.randn(3, 4),
+                                                                     torch.randn(4), 1e-5), "delta must have shape"),
+    (lambda: __import__("kernels.silu_mul").silu_mul.silu_mul(torch.randn(2, 5)), "gate_up must be a \\[T, 2I\\]"),
+])
+def test_fused_kernels_name_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

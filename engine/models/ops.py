@@ -1,0 +1,50 @@
+"""The element-wise steps of a forward that fuse: each one op here, two implementations.
+
+On CUDA at inference (autograd off) each is one Triton launch from ``kernels/``; everywhere
+else (the CPU, and training, where autograd records) it is the plain torch arithmetic the
+kernels are tested against. Both compute the same thing to float32 rounding. The choice
+depends only on where the tensor lives and whether gradients are wanted, never on a flag
+set at runtime; ``kernels`` (and so triton) is imported only when a kernel runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def use_kernels(x: torch.Tensor) -> bool:
+    """Triton for this tensor: on CUDA and outside autograd."""
+    return x.is_cuda and not torch.is_grad_enabled()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [T, D] -> [T, D]: float32 statistics, rounded to x's dtype, times the weight."""
+    if use_kernels(x):
+        from kernels.rmsnorm import rmsnorm
+
+        return rmsnorm(x, weight, eps)
+    dtype = x.dtype
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, delta: [T, D] -> (x + delta, rms_norm(x + delta)): the residual stream and its normed rows."""
+    if use_kernels(x):
+        from kernels.fused_norm import add_rmsnorm
+
+        return add_rmsnorm(x, delta, weight, eps)
+    x = x + delta
+    return x, rms_norm(x, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] (gate, then up) -> silu(gate) * up [T, I]."""
+    if use_kernels(gate_up):
+        from kernels.silu_mul import silu_mul as kernel
+
+        return kernel(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

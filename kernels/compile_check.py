@@ -1,0 +1,61 @@
+"""Compile the layer kernels for a GPU architecture without a GPU: ``python -m kernels.compile_check [SM]``.
+
+Front-end, lowering and ptxas errors show up here, on any machine with triton installed (its
+bundled ptxas), instead of on the GPU machine. Prints one line per kernel and specialization
+(shared memory it needs); exits 1 on the first failure. Run it without ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _cases():
+    from kernels import fused_norm, rmsnorm, rotary, silu_mul, static_attention
+
+    for dt in ("bf16", "fp16", "fp32"):
+        sig = {n: f"*{dt}" for n in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "out_ptr")}
+        sig.update(cos_ptr="*fp32", sin_ptr="*fp32", table_ptr="*i64", lens_ptr="*i64", max_blocks="i32",
+                   sm_scale="fp32", **{n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
+                                                           "stride_vt", "stride_vh", "stride_rope")})
+        for q in (1, 5, 9):
+            const = dict(Q=q, G=3, HKV=3, HALF=32, BS=16, BLOCK_Q=16, BLOCK_M=max(16, 1 << (3 * q - 1).bit_length()),
+                         BLOCK_N=static_attention.BLOCK_N, IEEE=dt == "fp32", PIPELINED=True)
+            yield f"static_attention {dt} q_len={q}", static_attention._static_attention_kernel, sig, const
+        yield (f"add_rmsnorm {dt}", fused_norm._add_rmsnorm_kernel,
+               dict(x_ptr=f"*{dt}", d_ptr=f"*{dt}", w_ptr=f"*{dt}", res_ptr=f"*{dt}", out_ptr=f"*{dt}",
+                    stride_x="i32", stride_d="i32", D="i32", eps="fp32"), dict(BLOCK=1024))
+        yield (f"rmsnorm {dt}", rmsnorm._rmsnorm_kernel,
+               dict(x_ptr=f"*{dt}", w_ptr=f"*{dt}", out_ptr=f"*{dt}", stride_x="i32", D="i32", eps="fp32"),
+               dict(BLOCK=1024))
+        yield (f"silu_mul {dt}", silu_mul._silu_mul_kernel,
+               dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", stride_x="i32", I="i32"), dict(BLOCK=silu_mul.BLOCK))
+        yield (f"rotary {dt}", rotary._rotary_kernel,
+               dict(x_ptr=f"*{dt}", pos_ptr="*i64", cs_ptr="*fp32", out_ptr=f"*{dt}", stride_t="i32",
+                    stride_h="i32", H="i32", HALF="i32"), dict(BLOCK=32))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("compile_check: unset TRITON_INTERPRET (interpreted kernels do not compile)", file=sys.stderr)
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", int(argv[0]) if argv else 90, 32)
+    for name, kernel, signature, constexprs in _cases():
+        signature = {**signature, **{k: "constexpr" for k in constexprs}}
+        try:
+            compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=target)
+        except Exception as exc:  # noqa: BLE001 - report which kernel, then fail
+            print(f"compile_check: {name} for sm_{target.arch} failed: {exc}", file=sys.stderr)
+            return 1
+        print(f"{name}: sm_{target.arch} ok, {compiled.metadata.shared} B shared memory")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
