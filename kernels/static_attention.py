@@ -1,15 +1,19 @@
-"""Attention of a static (CUDA-graph) bucket in one launch per layer: rotary, KV write, attention.
+"""Attention of a static (CUDA-graph) bucket: rotary, KV write and attention in one launch per layer.
 
 A bucket has ``B`` rows, each appending exactly ``Q`` tokens (1 for a decode step, k + 1 for a
-verify) to a paged KV cache. Per row ``b`` and KV head ``h`` one program
+verify) to a paged KV cache. Per row ``b``, KV head ``h`` and split ``s`` one program
 1. rotates the row's ``Q`` new keys (Hugging Face rotate-half, float32, rounded to the cache
-   dtype) and writes them and the new values into their slots: position
+   dtype); split 0 writes them and the new values into their slots: position
    ``p = kv_lens[b] - Q + j`` of token j lives in slot
    ``block_table[b, p // block_size] * block_size + p % block_size``;
 2. rotates the ``Q * G`` queries of the KV head's group (G = Hq / Hkv), rounded to q's dtype;
-3. attends over the row's keys with an online softmax (float32 statistics, scale 1/sqrt(D)):
-   the ``kv_lens[b] - Q`` keys cached before, block by block, then the new keys from registers,
-   causally (query j sees positions 0 .. p_j). The new keys are never read back from the cache.
+3. attends with an online softmax (float32 statistics, scale 1/sqrt(D)) over its chunk of the
+   ``kv_lens[b] - Q`` keys cached before (all of them precede every query), and split 0 also over
+   the new keys from registers, causally (query j sees positions 0 .. p_j); the new keys are never
+   read back from the cache.
+With one split the program writes the output; with several (flash-decoding: a decode row alone
+is too little work for one program to hide memory latency) each writes its partial softmax and
+a second launch merges them. ``split_plan`` picks the split count once per bucket.
 
 Everything it reads (block table, lengths, the rope rows) comes from tensors, so one capture
 serves every replay. The separate steps it replaces (rotary, two index copies, a gather of
@@ -24,12 +28,12 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
 from triton.runtime.interpreter import InterpretedFunction
 
 from kernels._common import check_int, check_launchable, check_tensor, pow2_at_least
 
 BLOCK_N = 64  # cached keys per step of the softmax loop
+TARGET_PROGRAMS = 256  # (row, KV head, split) programs a bucket aims for: about two per SM of an H100
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -113,25 +117,28 @@ def _static_attention_kernel(
     kc_ptr, vc_ptr,             # [NB, BS, Hkv, D] contiguous: one layer of the cache
     table_ptr,                  # [B, M] int64 contiguous
     lens_ptr,                   # [B] int64
-    out_ptr,                    # [T, Hq, D] contiguous
+    out_ptr,                    # [T, Hq, D] contiguous (SPLITS == 1)
+    part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32: acc, max, sum per split (SPLITS > 1)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rope,
-    max_blocks, sm_scale,
+    max_blocks, chunk, sm_scale,
     Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-    PIPELINED: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    IEEE: tl.constexpr, PIPELINED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
     D: tl.constexpr = 2 * HALF
     half = tl.arange(0, HALF)
     full = tl.arange(0, D)
     old = tl.load(lens_ptr + b) - Q  # keys already cached before this forward
     table = table_ptr + b * max_blocks
     dt = kc_ptr.dtype.element_ty
+    first = split == 0  # split 0 writes the new keys and attends to them; every split takes its cached chunk
 
-    # 1. the row's new keys (rotated) and values: kept in registers and written to their slots
+    # 1. the row's new keys (rotated) and values: kept in registers, written to their slots by split 0
     j = tl.arange(0, BLOCK_Q)
-    live_j = j < Q
+    live_j = (j < Q) & (old + j >= 0)
     t = b * Q + j
     pos = old + j
     rope = t[:, None] * stride_rope + half[None, :]
@@ -143,11 +150,12 @@ def _static_attention_kernel(
     nk1 = (k1 * cos - k2 * sin).to(dt)
     nk2 = (k2 * cos + k1 * sin).to(dt)
     nv = tl.load(v_ptr + t[:, None] * stride_vt + h * stride_vh + full[None, :], mask=live_j[:, None], other=0.0)
-    block = tl.load(table + pos // BS, mask=live_j, other=0)
+    write = (live_j & first)[:, None]
+    block = tl.load(table + pos // BS, mask=live_j & first, other=0)
     dst = (block * BS + pos % BS)[:, None] * (HKV * D) + h * D
-    tl.store(kc_ptr + dst + half[None, :], nk1, mask=live_j[:, None])
-    tl.store(kc_ptr + dst + HALF + half[None, :], nk2, mask=live_j[:, None])
-    tl.store(vc_ptr + dst + full[None, :], nv, mask=live_j[:, None])
+    tl.store(kc_ptr + dst + half[None, :], nk1, mask=write)
+    tl.store(kc_ptr + dst + HALF + half[None, :], nk2, mask=write)
+    tl.store(vc_ptr + dst + full[None, :], nv, mask=write)
 
     # 2. the group's queries, row r = token * G + head-in-group, rotated and rounded like the keys
     r = tl.arange(0, BLOCK_M)
@@ -163,25 +171,77 @@ def _static_attention_kernel(
     rq1 = (q1 * qcos - q2 * qsin).to(dt)
     rq2 = (q2 * qcos + q1 * qsin).to(dt)
 
-    # 3. online softmax: every cached key (all of them precede every query), then the new keys causally
+    # 3. online softmax over this split's cached keys (all of them precede every query), then the new
+    #    keys causally (split 0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, old)
     if PIPELINED:  # a range() loop the compiler software-pipelines
-        for start in tl.range(0, old, BLOCK_N):
-            acc, m_i, l_i = _cached_block(acc, m_i, l_i, start, old, table, kc_ptr, vc_ptr, h, rq1, rq2, live_r,
+        for start in tl.range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = _cached_block(acc, m_i, l_i, start, hi, table, kc_ptr, vc_ptr, h, rq1, rq2, live_r,
                                           sm_scale, HKV, HALF, BS, BLOCK_N, IEEE)
     else:  # the interpreter cannot take a loaded bound in range()
-        start = old * 0
-        while start < old:
-            acc, m_i, l_i = _cached_block(acc, m_i, l_i, start, old, table, kc_ptr, vc_ptr, h, rq1, rq2, live_r,
+        start = lo
+        while start < hi:
+            acc, m_i, l_i = _cached_block(acc, m_i, l_i, start, hi, table, kc_ptr, vc_ptr, h, rq1, rq2, live_r,
                                           sm_scale, HKV, HALF, BS, BLOCK_N, IEEE)
             start += BLOCK_N
-    seen = live_r[:, None] & live_j[None, :] & (j[None, :] <= (r // G)[:, None])
+    seen = first & live_r[:, None] & live_j[None, :] & (j[None, :] <= (r // G)[:, None])
     acc, m_i, l_i = _softmax_step(acc, m_i, l_i, _scores(rq1, rq2, nk1, nk2, IEEE), seen, nv, sm_scale, IEEE)
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        dst = out_ptr + (tq[:, None] * (G * HKV) + hq[:, None]) * D + full[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=live_r[:, None])
+    else:
+        part = part_ptr + ((b * HKV + h) * SPLITS + split) * BLOCK_M * (D + 2) + r * (D + 2)
+        tl.store(part[:, None] + full[None, :], acc)
+        tl.store(part + D, m_i)
+        tl.store(part + D + 1, l_i)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32 from _static_attention_kernel
+    out_ptr,                    # [T, Hq, D] contiguous
+    Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """Merge the splits' partial softmaxes of one (row, KV head) into the output."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    r = tl.arange(0, BLOCK_M)
+    full = tl.arange(0, D)
+    m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_run = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    base = part_ptr + (b * HKV + h) * SPLITS * BLOCK_M * (D + 2) + r * (D + 2)
+    for split in range(SPLITS):
+        part = base + split * BLOCK_M * (D + 2)
+        m_s = tl.load(part + D)
+        m_new = tl.maximum(m_run, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        c_run = tl.exp(m_run - m_safe)
+        c_s = tl.exp(m_s - m_safe)
+        l_run = l_run * c_run + tl.load(part + D + 1) * c_s
+        acc = acc * c_run[:, None] + tl.load(part[:, None] + full[None, :]) * c_s[:, None]
+        m_run = m_new
+    live_r = r < Q * G
+    o = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    tq = b * Q + r // G
+    hq = h * G + r % G
     dst = out_ptr + (tq[:, None] * (G * HKV) + hq[:, None]) * D + full[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=live_r[:, None])
+
+
+def split_plan(rows: int, kv_heads: int, max_tokens: int) -> tuple[int, int]:
+    """(splits, keys per split) for a bucket: enough programs to fill the GPU (about ``TARGET_PROGRAMS``
+    of (row, KV head, split)), no split shorter than one ``BLOCK_N`` step. A bucket decides this once."""
+    blocks = -(-max_tokens // BLOCK_N)
+    splits = max(1, min(blocks, -(-TARGET_PROGRAMS // max(rows * kv_heads, 1))))
+    per = -(-blocks // splits)  # BLOCK_N steps per split
+    return -(-blocks // per), per * BLOCK_N
 
 
 def static_attention(
@@ -195,8 +255,10 @@ def static_attention(
     block_table: torch.Tensor,  # [B, M] int64
     kv_lens: torch.Tensor,      # [B] int64: KV length of each row after this forward, in [Q, M * BS]
     q_len: int,
+    splits: int = 1,            # programs per (row, KV head), each over a chunk of the cached keys (split_plan)
 ) -> torch.Tensor:              # [B*Q, Hq, D] contiguous, q's dtype
     check_int("q_len", q_len, 1)
+    check_int("splits", splits, 1)
     check_tensor("block_table", block_table, torch.int64, (None, None))
     b, m = block_table.shape
     dev = block_table.device
@@ -230,11 +292,16 @@ def static_attention(
     if b == 0:
         return out
     g = hq // hkv
-    _static_attention_kernel[(b, hkv)](
-        q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(), out,
+    block_m = max(16, pow2_at_least(q_len * g))
+    chunk = -(-(-(-m * bs // BLOCK_N)) // splits) * BLOCK_N  # keys per split, whole BLOCK_N steps
+    part = torch.empty((b, hkv, splits, block_m, d + 2) if splits > 1 else (1,), dtype=torch.float32, device=dev)
+    _static_attention_kernel[(b, hkv, splits)](
+        q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(), out, part,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
-        m, 1.0 / math.sqrt(d),
-        Q=q_len, G=g, HKV=hkv, HALF=d // 2, BS=bs, BLOCK_Q=max(16, pow2_at_least(q_len)),
-        BLOCK_M=max(16, pow2_at_least(q_len * g)), BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32,
+        m, chunk, 1.0 / math.sqrt(d),
+        Q=q_len, G=g, HKV=hkv, HALF=d // 2, BS=bs, BLOCK_Q=max(16, pow2_at_least(q_len)), BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
         PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction))
+    if splits > 1:
+        _combine_kernel[(b, hkv)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits)
     return out

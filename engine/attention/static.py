@@ -5,8 +5,8 @@ A ``StaticAttention`` serves one *bucket*: at most ``rows`` sequences, each appe
 ``max_blocks * block_size`` tokens after the forward. Its inputs live in persistent device
 buffers that ``load`` refills before every replay (host -> device copies, outside the graph);
 ``prepare`` turns them into the attention mask inside the graph, once per forward, shared by
-every layer. Rows past the batch are padding: they write their K/V into a scratch slot and
-attend to it alone, so they never touch a real sequence.
+every layer. Rows past the batch are padding: they hold exactly their q_len tokens, written to
+the scratch block, and attend to those alone, so they never touch a real sequence.
 
 Two implementations. On CUDA one Triton launch per layer (``kernels.static_attention``) rotates
 q and k, writes the new K/V and attends over exactly each row's length (``fused_rotary``: the
@@ -39,11 +39,16 @@ class StaticAttention:
         self.scratch_block = scratch_block
         bs = cache.block_size
         self.block_table = torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=dev)  # [B, M]
-        self.kv_lens = torch.ones(rows, dtype=torch.long, device=dev)                                  # [B]
+        self.kv_lens = torch.full((rows,), q_len, dtype=torch.long, device=dev)                          # [B]
         self.slots = torch.full((rows * q_len,), scratch_block * bs, dtype=torch.long, device=dev)     # [B*Q]
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
         self.mask: torch.Tensor | None = None
+        self.splits = 1
+        if self.fused_rotary:
+            from kernels.static_attention import split_plan
+
+            self.splits = split_plan(rows, cache.k.shape[-2], self.max_tokens)[0]
 
     @property
     def max_tokens(self) -> int:
@@ -85,7 +90,7 @@ class StaticAttention:
             from kernels.static_attention import static_attention
 
             return static_attention(q, k, v, *rope, self.cache.k[layer], self.cache.v[layer], self.block_table,
-                                    self.kv_lens, self.q_len)
+                                    self.kv_lens, self.q_len, self.splits)
         self.cache.write(layer, self.slots, k, v)
         b, n, s = self.rows, self.q_len, self.max_tokens
         hkv, d = k.shape[1:]

@@ -42,11 +42,12 @@ def _case(rows: int, q_len: int, kv_lens: list[int], dtype: torch.dtype, hq: int
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("q_len,kv_lens", [(1, [1, 17, 100]), (5, [5, 40, 33, 129]), (9, [64])])
-def test_static_attention_matches_reference(dtype, q_len, kv_lens):
+@pytest.mark.parametrize("q_len,kv_lens,splits", [(1, [1, 17, 100], 1), (5, [5, 40, 33, 129], 1), (9, [64], 1),
+                                                  (1, [1, 17, 200], 3), (5, [5, 70, 150], 2), (9, [64, 9], 4)])
+def test_static_attention_matches_reference(dtype, q_len, kv_lens, splits):
     q, k, v, cos, sin, kc, vc, table, lens = _case(len(kv_lens), q_len, kv_lens, dtype)
     kc2, vc2 = kc.clone(), vc.clone()
-    got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len)
+    got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len, splits)
     want = static_attention_reference(q, k, v, cos, sin, kc2, vc2, table, lens, q_len)
     torch.testing.assert_close(got, want, **TOL[dtype])
     torch.testing.assert_close(kc, kc2, **TOL[dtype])  # the same slots written with the same rotated keys
@@ -81,6 +82,17 @@ def test_reference_is_the_engines_static_path():
     got = static.forward(0, apply_rotary(q, (cos, sin)), apply_rotary(k, (cos, sin)), v)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(cache.k[0], kc) and torch.equal(cache.v[0], vc)
+
+
+def test_split_plan_fills_the_gpu_without_splits_shorter_than_a_step():
+    from kernels.static_attention import BLOCK_N, split_plan
+
+    assert split_plan(1, 3, 512) == (8, 64)          # one decode row: a program per 64 keys
+    assert split_plan(64, 3, 512) == (2, 256)        # 192 (row, head) programs: nearly enough already
+    assert split_plan(256, 3, 2048) == (1, 2048)
+    for rows, ctx in ((1, 8192), (4, 2048), (16, 32768)):
+        splits, chunk = split_plan(rows, 3, ctx)
+        assert chunk % BLOCK_N == 0 and splits * chunk >= ctx and (splits - 1) * chunk < ctx
 
 
 def test_bad_arguments_are_named():
