@@ -79,16 +79,19 @@ def _timed_decoder(model: LoadedModel, config: EngineConfig, draft: str) -> tupl
     decoder.target.run = timer.wrap("verify", decoder.target.run)
     if decoder.drafter is not None:
         decoder.drafter.propose = timer.wrap("draft", decoder.drafter.propose)
+    if decoder.fused is not None:
+        decoder.fused.run = timer.wrap("fused", decoder.fused.run)
     decoder.step = timer.wrap("round", decoder.step)
     return decoder, timer
 
 
 def round_split(timer: PhaseTimer) -> dict:
-    """Mean ms per round: the target forward (verify), the drafter (draft) and the rest on the host."""
+    """Mean ms per round: the target forward (verify), the drafter (draft), fused rounds (fused: verify and
+    the next drafts in one graph, with their host-side preparation and read-back) and the rest on the host."""
     rounds = max(timer.count("round"), 1)
-    total, verify, draft = (timer.total_ms(p) / rounds for p in ("round", "verify", "draft"))
+    total, verify, draft, fused = (timer.total_ms(p) / rounds for p in ("round", "verify", "draft", "fused"))
     return {"round_ms": round(total, 3), "verify_ms": round(verify, 3), "draft_ms": round(draft, 3),
-            "host_ms": round(total - verify - draft, 3)}
+            "fused_ms": round(fused, 3), "host_ms": round(total - verify - draft - fused, 3)}
 
 
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
@@ -99,7 +102,9 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     decoder, timer = _timed_decoder(model, cfg, case.draft)
     params = [SamplingParams(temperature=case.temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i)
               for i in range(len(prompts))]
-    decoder.generate([list(prompts[0])], dataclasses.replace(params[0], max_tokens=8))  # warm-up
+    # warm-up: kernels compiled and the graphs of a full batch captured before the clock starts
+    first = [list(p) for p in prompts[: case.batch_size]]
+    decoder.generate(first, [dataclasses.replace(sp, max_tokens=8) for sp in params[: len(first)]])
     timer.marks.clear()
     reset_peak_memory()
     clock = TokenClock()
@@ -120,6 +125,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                     committed += o.accepted + o.rounds
     elapsed = now_synced() - start
     return {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
+            "fused_rounds": decoder.fused is not None,
             "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
@@ -139,7 +145,7 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "temperature", "k", "tokens_per_s", "acceptance_length",
             "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms", "draft_ms",
-            "host_ms", "peak_memory_mib"]
+            "fused_ms", "host_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -35,6 +35,10 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
                         "(chunked prefill, so arrivals do not stall running streams); default: no budget")
     g.add_argument("--enforce-eager", action="store_true",
                    help="run every forward eagerly: no CUDA graphs for decode steps (default: graphs on cuda)")
+    g.add_argument("--no-fused-rounds", action="store_true",
+                   help="greedy rounds step by step (a graph per forward, the drafter eager) instead of one graph "
+                        "per round: verify, accept and the next drafts (default: fused wherever graphs are on and "
+                        "the drafter can draft in a graph, i.e. none or the EAGLE head)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -56,7 +60,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(device=device, dtype=args.dtype or default_dtype(device), attention=args.attention,
                         kv_cache_tokens=args.kv_cache_tokens, max_batch_size=args.max_batch_size,
                         k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens,
-                        cuda_graphs=False if getattr(args, "enforce_eager", False) else None)
+                        cuda_graphs=False if getattr(args, "enforce_eager", False) else None,
+                        fused_rounds=False if getattr(args, "no_fused_rounds", False) else None)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

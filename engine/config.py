@@ -110,6 +110,7 @@ class EngineConfig:
     draft_top_m: int = 0  # sampled drafts: draw from (and send) only the top m tokens; 0 = the full distribution
     max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
     cuda_graphs: bool | None = None  # plain decode steps through captured graphs; None: on for cuda, off for cpu
+    fused_rounds: bool | None = None  # greedy rounds as one graph each (engine/fused_round.py); None: with cuda_graphs
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -138,6 +139,11 @@ class EngineConfig:
     def use_cuda_graphs(self) -> bool:
         """Whether decode steps take the static, graph-shaped path (captured on cuda, eager on cpu)."""
         return self.device.startswith("cuda") if self.cuda_graphs is None else self.cuda_graphs
+
+    @property
+    def use_fused_rounds(self) -> bool:
+        """Whether greedy rounds (verify, accept, drafting) run as one graph each (eagerly on cpu)."""
+        return self.use_cuda_graphs if self.fused_rounds is None else self.fused_rounds
 
     @property
     def attention_backend(self) -> str:

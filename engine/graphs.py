@@ -19,7 +19,7 @@ where no GPU is, against the paged backends.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -45,6 +45,23 @@ class _Bucket:
     logits: torch.Tensor | None = None  # [B*Q, vocab] float32
     aux: torch.Tensor | None = None     # [B*Q, len(aux_layers) * hidden] when aux_layers
     graph: "torch.cuda.CUDAGraph | None" = None
+
+
+def capture(record: Callable[[], None], warm_up: Callable[[], None], pool, device: torch.device
+            ) -> "torch.cuda.CUDAGraph":
+    """One CUDA graph of what ``record`` launches (it assigns its outputs to persistent places),
+    after ``warm_up`` ran twice on a side stream (kernels compiled, allocator warm), into ``pool``."""
+    with torch.inference_mode():
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                warm_up()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            record()
+    return graph
 
 
 class StepGraphs:
@@ -127,20 +144,14 @@ class StepGraphs:
         t = rows * q_len
         bucket = _Bucket(attn, aux_layers, torch.zeros(t, dtype=torch.long, device=dev),
                          torch.zeros(t, dtype=torch.long, device=dev))
-        with torch.inference_mode():
-            if not self.capture:
+        if not self.capture:
+            with torch.inference_mode():
                 self._forward(bucket)  # allocates the output buffers
-            else:
-                stream = torch.cuda.Stream(dev)
-                stream.wait_stream(torch.cuda.current_stream(dev))
-                with torch.cuda.stream(stream):
-                    for _ in range(2):  # warm up kernels and the allocator outside the capture
-                        self._forward(bucket)
-                torch.cuda.current_stream(dev).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    bucket.logits, bucket.hidden, bucket.aux = self._compute(bucket)
-                bucket.graph = graph
+        else:
+            def record() -> None:
+                bucket.logits, bucket.hidden, bucket.aux = self._compute(bucket)
+
+            bucket.graph = capture(record, lambda: self._forward(bucket), self._pool, dev)
         self._buckets[(rows, q_len, ctx, aux_layers)] = bucket
         return bucket
 

@@ -32,6 +32,7 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
+from engine.fused_round import FusedRounds
 from engine.request import FinishReason, Request, RequestOutput
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import PLACEHOLDER_TOKEN_ID, greedy_verify, probs_from_logits, rejection_sample
@@ -72,6 +73,13 @@ class SpecDecoder:
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self._ids = itertools.count()
         self._reserved_blocks = 0
+        # the fast path: greedy rounds as one graph each; requests in it keep their next drafts here
+        self.fused: FusedRounds | None = None
+        if config.use_fused_rounds and (drafter is None or config.k == 0 or drafter.graph_rounds):
+            k = config.k if drafter is not None else 0
+            self.fused = FusedRounds(target, drafter, k, config.max_batch_size, self.max_context,
+                                     capture=target.device.type == "cuda")
+        self._pending: dict[str, list[int]] = {}
 
     @property
     def running(self) -> list[Request]:
@@ -161,6 +169,7 @@ class SpecDecoder:
 
     def _finish(self, r: Request) -> None:
         del self.requests[r.request_id]
+        self._pending.pop(r.request_id, None)
         self._reserved_blocks -= self._blocks_needed(r)
         self.target.free(r.request_id)
         if self.drafter is not None:
@@ -231,14 +240,58 @@ class SpecDecoder:
         return run, ks, chunks
 
     def step(self) -> list[RequestOutput]:
-        """Admit queued requests, then run one round for the running requests the token budget admits."""
+        """Admit queued requests, then run one round for the running requests the token budget admits:
+        greedy requests on the fast path in one fused round, the others (prefills, sampled requests, a
+        request's first drafts) in an eager round beside it."""
         self._admit()
         reqs, ks, chunks = self.plan_round(self.running)
         if not reqs:
             return []
-        items = self.propose(reqs, ks)
-        return self.run_round([dataclasses.replace(it, prefill_chunk=c) if c is not None else it
-                               for it, c in zip(items, chunks)])
+        fast = [r for r, c in zip(reqs, chunks) if c is None and self._fused_ready(r)]
+        slow = [(r, k, c) for r, k, c in zip(reqs, ks, chunks) if not (c is None and self._fused_ready(r))]
+        eager = []
+        for r, _, _ in slow:  # left the fast path (e.g. near the end of its context): its drafter state is stale
+            self._pending.pop(r.request_id, None)
+        for (r, _, c), it in zip(slow, self.propose([r for r, _, _ in slow], [k for _, k, _ in slow])):
+            if c is None and self._fused_takes(r, it):
+                self._pending[r.request_id] = list(it.drafts)
+                fast.append(r)
+            else:
+                eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
+        outputs = self._fused_round(fast) if fast else []
+        return outputs + (self.run_round(eager) if eager else [])
+
+    # ------------------------------------------------------------------ the fast path
+    def _fused_ready(self, r: Request) -> bool:
+        """On the fast path this round: greedy, decoding, its drafts (if any) in hand, room for a round."""
+        if self.fused is None or not r.params.greedy or self.unseen(r) != 1 or not self.fused.fits(len(r.token_ids)):
+            return False
+        return self.fused.k == 0 or r.request_id in self._pending
+
+    def _fused_takes(self, r: Request, item: RoundItem) -> bool:
+        """A greedy request the drafter has just drafted a full k for moves to the fast path."""
+        f = self.fused
+        return (f is not None and f.k > 0 and r.params.greedy and self.unseen(r) == 1 and len(item.drafts) == f.k
+                and f.fits(len(r.token_ids)) and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
+
+    def _fused_round(self, reqs: list[Request]) -> list[RequestOutput]:
+        k = self.fused.k
+        results = self.fused.run([(r.request_id, r.token_ids, self._pending.get(r.request_id, [])) for r in reqs])
+        outputs = []
+        for r, res in zip(reqs, results):
+            # counted as the eager round would: it drafts at most room - 1 tokens (the rest cannot be kept)
+            drafted = min(k, r.room() - 1)
+            accepted = min(res.num_accepted, drafted)
+            r.rounds += 1
+            r.accepted += accepted
+            r.drafted += drafted
+            kept, delta = r.commit(res.committed)
+            outputs.append(r.output(kept, delta, accepted, drafted))
+            if r.finished:
+                self._finish(r)
+            elif k:
+                self._pending[r.request_id] = res.next_drafts
+        return outputs
 
     def run_round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None = None
                   ) -> list[RequestOutput]:

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The fast path's GPU checks and numbers in one device call (issue 5), after staging:
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> bash bench/device/fast_path.sh
-# 1) the GPU tests of the kernels and the graphs; 2) bench.step_profile: one captured step with the
-# Triton kernels and with plain torch ops (A/B), its GPU time and kernels; 3) tandem bench with CUDA
-# graphs: plain and the default drafter, HumanEval and ShareGPT, greedy (torch attention for the
-# prompts, so no flashinfer JIT); 4) eval-draft of the default drafter at k = 4 (issue 4).
+# 1) the GPU tests ($TESTS; TESTS=none skips); 2) bench.step_profile: one captured step with the Triton
+# kernels and with plain torch ops ($PROFILE_OPS), its GPU time and kernels; 3) tandem bench with CUDA
+# graphs ($DRAFTS x $BATCHES x $TEMPS on HumanEval and ShareGPT, transformers $BASELINES; torch attention
+# for the prompts, so no flashinfer JIT); with AB=1 the same again with --no-fused-rounds; 4) with time
+# left before $CALL_S, eval-draft of the default drafter at k = 4 (issue 4).
 # Everything lands under $OUT; each step has its own time limit so a slow one cannot eat the call.
 set -uo pipefail
 export TANDEM_CACHE=${TANDEM_CACHE:-/root/stage/payload} TQDM_MININTERVAL=${TQDM_MININTERVAL:-60}
@@ -12,22 +13,29 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tandem=(python3 -m cli.main)
 SECONDS=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-timeout "${TESTS_S:-170}" python3 -m pytest -q ${TESTS:-tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py} \
-  > "$OUT/gpu-tests.log" 2>&1
-tail -4 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-for ops in triton torch; do
+if [ "${TESTS:-}" != none ]; then
+  timeout "${TESTS_S:-170}" python3 -m pytest -q ${TESTS:-tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py} \
+    > "$OUT/gpu-tests.log" 2>&1
+  tail -4 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+fi
+for ops in ${PROFILE_OPS-triton torch}; do
   timeout "${PROFILE_S:-75}" python3 -m bench.step_profile --batch "${PROFILE_BATCH:-1,64}" --q-len 1,5 --iters 100 \
-    $([ $ops = torch ] && echo --torch-ops) --out "$OUT/step-$ops.json" 2>&1 | grep -v Warning
+    --aux "${PROFILE_AUX:-}" $([ "$ops" = torch ] && echo --torch-ops) --out "$OUT/step-$ops.json" 2>&1 | grep -v Warning
 done
 echo "profiles done at $SECONDS s"
-timeout "${BENCH_S:-150}" "${tandem[@]}" bench --name "h100-fast-path-${TANDEM_COMMIT:-dev}" --drafts "${DRAFTS:-none,auto}" \
-  --baselines none --temperatures 0 --dataset humaneval,sharegpt --num-prompts 8 --batch-sizes "${BATCHES:-1,8}" \
-  --max-tokens 128 --attention torch --device cuda --out-dir "$OUT" > "$OUT/bench.log" 2>&1
-grep -E '^\{' "$OUT/bench.log" | cut -c1-200; echo "bench done at $SECONDS s"
+bench() {  # name, extra flags
+  timeout "${BENCH_S:-200}" "${tandem[@]}" bench --name "$1" --drafts "${DRAFTS:-none,auto}" \
+    --baselines "${BASELINES:-none}" --temperatures "${TEMPS:-0}" --dataset "${DATASETS:-humaneval,sharegpt}" \
+    --num-prompts "${NUM_PROMPTS:-8}" --batch-sizes "${BATCHES:-1,8}" --max-tokens 128 --attention torch \
+    --device cuda --out-dir "$OUT" "${@:2}" > "$OUT/$1.log" 2>&1
+  grep -E '^\{' "$OUT/$1.log" | cut -c1-220; echo "bench $1 done at $SECONDS s"
+}
+[ "${DRAFTS:-}" = skip ] || bench "${NAME:-h100-fast-path}-${TANDEM_COMMIT:-dev}"
+[ -z "${AB:-}" ] || bench "${NAME:-h100-fast-path}-${TANDEM_COMMIT:-dev}-stepwise" --no-fused-rounds
 left=$(( ${CALL_S:-580} - SECONDS ))
 if [ "$left" -gt 60 ]; then
   timeout "$left" "${tandem[@]}" eval-draft --draft auto --k 4 --temperature 0,0.7 --dataset sharegpt,humaneval \
     --num-prompts 32 --max-tokens 128 --batch-size 32 --attention torch --device cuda \
-    --out "$OUT/eval-draft-h100-run4.json" 2>&1 | grep -E '^\|' 
+    --out "$OUT/eval-draft-h100.json" 2>&1 | grep -E '^\|'
 fi
 echo "done in $SECONDS s"

@@ -3,9 +3,9 @@
 A ``StaticAttention`` serves one *bucket*: at most ``rows`` sequences, each appending exactly
 ``q_len`` tokens (1 for plain decode, k + 1 for a verify), each holding at most
 ``max_blocks * block_size`` tokens after the forward. Its inputs live in persistent device
-buffers that ``load`` refills before every replay (host -> device copies, outside the graph);
-``prepare`` turns them into the attention mask inside the graph, once per forward, shared by
-every layer. Rows past the batch are padding: they hold exactly their q_len tokens, written to
+buffers that ``load`` / ``set_rows`` refill before every replay (host -> device copies, outside
+the graph); the torch path's ``prepare`` turns them into slots and a mask inside the graph, once
+per forward, shared by every layer. Rows past the batch are padding: they hold exactly their q_len tokens, written to
 the scratch block, and attend to those alone, so they never touch a real sequence.
 
 Two implementations. On CUDA one Triton launch per layer (``kernels.static_attention``) rotates
@@ -17,6 +17,8 @@ not spend, and context buckets (``StepGraphs``) keep ``max_blocks`` close to the
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,7 @@ class StaticAttention:
         bs = cache.block_size
         self.block_table = torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=dev)  # [B, M]
         self.kv_lens = torch.full((rows,), q_len, dtype=torch.long, device=dev)                          # [B]
-        self.slots = torch.full((rows * q_len,), scratch_block * bs, dtype=torch.long, device=dev)     # [B*Q]
+        self.slots: torch.Tensor | None = None                                                         # [B*Q]
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
         self.mask: torch.Tensor | None = None
@@ -64,23 +66,31 @@ class StaticAttention:
             raise ValueError(f"static attention: batch of {len(meta.q_lens)} rows, q_lens {set(meta.q_lens)}, "
                              f"longest {max(meta.kv_lens)} tokens does not fit the bucket "
                              f"({self.rows} rows, q_len {self.q_len}, {self.max_tokens} tokens)")
-        n, bs = len(meta.q_lens), self.cache.block_size
+        self.set_rows(meta.block_tables, meta.kv_lens)
+
+    def set_rows(self, tables: Sequence[Sequence[int]], kv_lens: Sequence[int]) -> None:
+        """Block tables (whole: a table may reach past its row's length, for later steps of the same
+        graph) and KV lengths (after the forward) of the first len(kv_lens) rows; the rest are padding:
+        they hold exactly their own q_len tokens, all in the scratch block."""
+        n = len(kv_lens)
+        if n > self.rows or any(len(t) > self.max_blocks for t in tables):
+            raise ValueError(f"static attention: {n} rows, longest table {max(map(len, tables), default=0)} blocks "
+                             f"do not fit the bucket ({self.rows} rows, {self.max_blocks} blocks)")
         pad = [self.scratch_block] * self.max_blocks
-        rows = [list(blocks[: -(-kv_len // bs)]) for kv_len, blocks in zip(meta.kv_lens, meta.block_tables)]
-        table = [r + pad[len(r):] for r in rows] + [pad] * (self.rows - n)
+        table = [list(t) + pad[len(t):] for t in tables] + [pad] * (self.rows - n)
         self.block_table.copy_(torch.tensor(table, dtype=torch.long), non_blocking=True)
-        # padding rows hold exactly their own q_len tokens, all in the scratch block
-        self.kv_lens.copy_(torch.tensor(list(meta.kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
+        self.kv_lens.copy_(torch.tensor(list(kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
                            non_blocking=True)
-        self.slots[: n * self.q_len].copy_(meta.slot_mapping)
-        self.slots[n * self.q_len:].fill_(self.scratch_block * bs)
 
     def prepare(self) -> None:
-        """Build the mask from the buffers (inside the graph): query j of row b sits at position
-        kv_len[b] - q_len + j and sees keys 0 .. that position. The kernel needs none."""
+        """Inside the graph, from the buffers, once per forward: the torch path's slots (where the new
+        K/V go) and mask (query j of row b sits at position kv_len[b] - q_len + j and sees keys 0 .. that
+        position). The kernel computes both itself."""
         if self.fused_rotary:
             return
         q_pos = self.kv_lens[:, None] + self._offsets[None, :] - 1                  # [B, Q]
+        bs = self.cache.block_size
+        self.slots = (self.block_table.gather(1, q_pos // bs) * bs + q_pos % bs).reshape(-1)  # [B*Q]
         self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]       # [B, 1, Q, S]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -48,6 +48,7 @@ class _State:
 
 class EagleDrafter:
     deterministic = False
+    graph_rounds = True  # engine/drafters/eagle_graph.py
 
     def __init__(self, name: str, head: EagleHead, config: EngineConfig) -> None:
         self.name = name
@@ -57,6 +58,17 @@ class EagleDrafter:
         self.runner = ModelRunner(head, config)
         self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
         self._states: dict[str, _State] = {}
+
+    def round_program(self, rows: int, k: int, max_blocks: int):
+        from engine.drafters.eagle_graph import EagleProgram
+
+        return EagleProgram(self, rows, k, max_blocks)
+
+    def graph_ready(self, request_id: str, committed: int) -> bool:
+        """After ``propose``: the head holds true entries 1 .. committed - 1 (base 1), what a fused round
+        continues from; from then on the fused rounds keep the head's KV and this state goes stale."""
+        st = self._states.get(request_id)
+        return st is not None and st.base == 1 and len(st.tokens) == committed - 1
 
     def release(self, request_id: str) -> None:
         self._states.pop(request_id, None)

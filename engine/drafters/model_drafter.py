@@ -30,6 +30,7 @@ class ModelDrafter:
     deterministic = False
     target_features: tuple[int, ...] = ()
     feature_size = 0
+    graph_rounds = False  # not yet inside a fused round's graph: its rounds run eagerly
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name

@@ -19,6 +19,7 @@ class NgramDrafter:
     deterministic = True
     target_features: tuple[int, ...] = ()
     feature_size = 0
+    graph_rounds = False  # drafts on the host, from the token history
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:

@@ -1,0 +1,90 @@
+"""The fast path (engine/fused_round.py): greedy rounds as one graph each, here run eagerly on the CPU.
+
+Fused rounds must decode exactly what the eager engine decodes: plain greedy (k = 0) and with the
+default EAGLE drafter, whose drafts inside the round must be the drafts the eager drafter makes
+(equal acceptance counts, round by round). Requests join and leave between rounds, sampled requests
+share the batch through the eager round, a request near the end of its context leaves the fast
+path, and aborted requests free their KV in the target and the head.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import SamplingParams
+from engine.graphs import PAD_SEQ
+from tests.conftest import make_decoder
+
+TEXTS = ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.",
+         "Write a Python function that returns the n-th Fibonacci number.")
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm):
+    return [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
+
+
+def _fused(smollm, draft, k, **kw):
+    dec = make_decoder(smollm, draft, k=k, cuda_graphs=True, fused_rounds=True, **kw)
+    assert dec.fused is not None and dec.fused.k == k
+    return dec
+
+
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
+    # different lengths, EOS honoured: rows leave the batch at different rounds
+    params = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((20, 33, 27, 40))]
+    want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
+    dec = _fused(smollm, draft, k)
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    # the drafts made inside the round are the eager drafter's: same acceptance, round for round
+    assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
+    assert dec.fused._graphs  # the rounds went through the fast path
+    if k:
+        assert sum(o.accepted for o in got) > 0
+    plain = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+
+
+def test_requests_join_between_fused_rounds_beside_sampled_ones(smollm, prompts):
+    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=7)
+    want = make_decoder(smollm, "auto", k=4, cuda_graphs=False).generate(prompts[:2] + prompts[:1],
+                                                                        [greedy, greedy, sampled])
+    dec = _fused(smollm, "auto", 4)
+    first = dec.add_request(prompts[0], greedy)
+    tokens = {first: []}
+    for step in range(40):
+        if step == 3:  # a greedy and a sampled request arrive while the first is on the fast path
+            tokens[dec.add_request(prompts[1], greedy)] = []
+            tokens[dec.add_request(prompts[0], sampled)] = []
+            assert first in dec._pending
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+        if not dec.has_unfinished():
+            break
+    assert list(tokens.values()) == [o.new_token_ids for o in want]
+
+
+def test_a_request_near_the_end_of_its_context_leaves_the_fast_path(smollm, prompts):
+    prompt = prompts[3]
+    ctx = len(prompt) + 30
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    want = make_decoder(smollm, "none", k=0, cuda_graphs=False, max_context=ctx).generate([prompt], params)
+    got = _fused(smollm, "auto", 4, max_context=ctx).generate([prompt], params)
+    assert got[0].new_token_ids == want[0].new_token_ids and got[0].finish_reason.value == "length"
+    assert len(got[0].new_token_ids) == ctx - len(prompt)
+
+
+def test_abort_on_the_fast_path_frees_the_target_and_head_kv(smollm, prompts):
+    dec = _fused(smollm, "auto", 4)
+    target, head = dec.target.allocator, dec.drafter.runner.allocator
+    free = target.free_blocks, head.free_blocks
+    rid = dec.add_request(prompts[2], SamplingParams(max_tokens=200, ignore_eos=True))
+    for _ in range(4):
+        dec.step()
+    assert rid in dec._pending and target.length(rid) > 0 and head.length(rid) > 0
+    assert dec.abort(rid) and rid not in dec._pending
+    assert rid not in target and rid not in head and (target.free_blocks, head.free_blocks) == free
+    assert PAD_SEQ in target and PAD_SEQ in head  # the scratch blocks stay reserved
