@@ -8,6 +8,10 @@ training objective's statistic), and then the real speculative decoder (k = 4, g
 on the same prompts: its conditional acceptance per draft position. Equal numbers mean no
 train/serve gap; an agreement here far below the one on training batches means the head does
 not generalize (more data, not more steps).
+
+It also breaks the first draft position's agreement down by how sure the target itself is
+(its top-1 probability): where the target's own distribution is flat, matching its argmax takes
+nearly the target's own computation, which bounds what a small head can reach.
 """
 
 from __future__ import annotations
@@ -25,7 +29,32 @@ from engine.models.eagle import load_eagle
 from engine.models.loader import load_model
 from engine.runner import ModelRunner
 from train import corpus
-from train.objectives import Batch, eagle_loss, teacher
+from train.dense import UnrolledAttention
+from train.objectives import Batch, Teacher, _positions, eagle_loss, teacher
+
+CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)
+
+
+@torch.no_grad()
+def agreement_by_confidence(head, batch: Batch, t: Teacher) -> list[dict]:
+    """First draft position, teacher-forced: per bin of the target's top-1 probability, the share of
+    positions in it and the head's top-1 agreement with the target's argmax there."""
+    b, s = batch.tokens.shape
+    feats = head.fuse_features(t.aux[:, :-1]).reshape(b * (s - 1), -1)
+    out = head(batch.tokens[:, 1:].reshape(-1), _positions(b, s - 1, batch.tokens.device), UnrolledAttention(b), feats)
+    sel = batch.mask[:, 1:]
+    row_of = torch.full(batch.mask.shape, -1, dtype=torch.long, device=batch.tokens.device)
+    row_of[batch.mask] = torch.arange(int(batch.mask.sum()), device=batch.tokens.device)
+    teach = t.logits[row_of[:, 1:][sel]]                                   # [N, V]
+    agree = (head.compute_logits(out.view(b, s - 1, -1)[sel]).argmax(-1) == teach.argmax(-1)).float()
+    top1 = teach.float().softmax(-1).max(-1).values
+    rows = []
+    for lo, hi in zip(CONFIDENCE_BINS, CONFIDENCE_BINS[1:]):
+        m = (top1 >= lo) & ((top1 < hi) if hi < 1.0 else (top1 <= hi))
+        rows.append({"target_top1": f"[{lo:.1f}, {hi:.1f}{')' if hi < 1.0 else ']'}",
+                     "share": round(m.float().mean().item(), 3),
+                     "agreement": round(agree[m].mean().item(), 3) if m.any() else None})
+    return rows
 
 
 def main() -> None:
@@ -49,8 +78,12 @@ def main() -> None:
     batch = Batch(tokens.to(args.device), mask.to(args.device))
     head = load_eagle(args.head, target.model, args.device, dtype)
     with torch.no_grad():
-        _, stats = eagle_loss(head, batch, teacher(target.model, batch, head.eagle.aux_layers), unroll=4)
+        taught = teacher(target.model, batch, head.eagle.aux_layers)
+        _, stats = eagle_loss(head, batch, taught, unroll=4)
     print("teacher-forced agreement per draft position:", " ".join(f"{a:.3f}" for a in stats.agree))
+    print("first draft position by the target's own top-1 probability:")
+    for row in agreement_by_confidence(head, batch, taught):
+        print(f"  target top-1 {row['target_top1']:11s} share {row['share']:.3f}  agreement {row['agreement']}")
     cfg = EngineConfig(device=args.device, dtype=str(dtype).removeprefix("torch."), attention="torch",
                        kv_cache_tokens=1 << 15, k=4, max_k=8)
     row = run_case(ModelRunner(target.model, cfg), tok, cfg, EagleDrafter("eagle", head, cfg),
