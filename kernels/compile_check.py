@@ -28,7 +28,7 @@ def _cases():
             if splits > 1:
                 yield (f"static_attention combine {dt} q_len={q} splits={splits}", static_attention._combine_kernel,
                        dict(part_ptr="*fp32", out_ptr=f"*{dt}"),
-                       dict(Q=q, G=3, HKV=3, D=64, BLOCK_M=block_m, SPLITS=splits))
+                       dict(Q=q, G=3, HKV=3, D=64, BLOCK_M=block_m, SPLITS=splits, BLOCK_S=1 << (splits - 1).bit_length()))
         yield (f"add_rmsnorm {dt}", fused_norm._add_rmsnorm_kernel,
                dict(x_ptr=f"*{dt}", d_ptr=f"*{dt}", w_ptr=f"*{dt}", res_ptr=f"*{dt}", out_ptr=f"*{dt}",
                     stride_x="i32", stride_d="i32", D="i32", eps="fp32"), dict(BLOCK=1024))

@@ -206,27 +206,26 @@ def _combine_kernel(
     part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32 from _static_attention_kernel
     out_ptr,                    # [T, Hq, D] contiguous
     Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """Merge the splits' partial softmaxes of one (row, KV head) into the output."""
+    """Merge the splits' partial softmaxes of one (row, KV head) into the output. Every split is loaded
+    at once ([BLOCK_S, BLOCK_M, D]) and reduced across splits: one memory round trip, not one per split
+    (a serial loop over the splits made this launch cost more than the attention itself at batch 1)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
     r = tl.arange(0, BLOCK_M)
     full = tl.arange(0, D)
-    m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_run = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    base = part_ptr + (b * HKV + h) * SPLITS * BLOCK_M * (D + 2) + r * (D + 2)
-    for split in range(SPLITS):
-        part = base + split * BLOCK_M * (D + 2)
-        m_s = tl.load(part + D)
-        m_new = tl.maximum(m_run, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        c_run = tl.exp(m_run - m_safe)
-        c_s = tl.exp(m_s - m_safe)
-        l_run = l_run * c_run + tl.load(part + D + 1) * c_s
-        acc = acc * c_run[:, None] + tl.load(part[:, None] + full[None, :]) * c_s[:, None]
-        m_run = m_new
+    live_s = s < SPLITS
+    part = part_ptr + (b * HKV + h) * SPLITS * BLOCK_M * (D + 2) + s[:, None] * BLOCK_M * (D + 2) + r[None, :] * (D + 2)
+    m_s = tl.load(part + D, mask=live_s[:, None], other=float("-inf"))                     # [S, M]
+    l_s = tl.load(part + D + 1, mask=live_s[:, None], other=0.0)                           # [S, M]
+    acc_s = tl.load(part[:, :, None] + full[None, None, :], mask=live_s[:, None, None], other=0.0)  # [S, M, D]
+    m = tl.max(m_s, axis=0)                                                                # [M]
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    c = tl.exp(m_s - m_safe[None, :])                                                      # [S, M]
+    l_run = tl.sum(l_s * c, axis=0)
+    acc = tl.sum(acc_s * c[:, :, None], axis=0)                                            # [M, D]
     live_r = r < Q * G
     o = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
     tq = b * Q + r // G
@@ -303,5 +302,6 @@ def static_attention(
         BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
         PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction))
     if splits > 1:
-        _combine_kernel[(b, hkv)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits)
+        _combine_kernel[(b, hkv)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits,
+                                  BLOCK_S=pow2_at_least(splits))
     return out
