@@ -5,6 +5,11 @@ sequence, then runs one step through ``StepGraphs`` (capturing the bucket) and m
 - ``replay_ms``: ``graph.replay()`` alone, CUDA events over ``--iters`` replays (GPU time);
 - ``step_ms``: the whole ``runner.run`` of that step (metadata, input copies, replay, output copy);
 - the kernels of one replay (torch profiler): how many, and the ones that take the most time.
+With ``--round DRAFT`` it profiles whole fused rounds instead (engine/fused_round.py: the target's
+verify, accept and the drafter's next drafts in one graph): requests of ``--context`` prompt tokens
+decode until every one is on the fast path, then ``round_ms`` is ``SpecDecoder.step`` (all host
+work), ``run_ms`` the fused round's own ``run`` (inputs in, replay, the one read-back, rollback) and
+``replay_ms`` the graph alone.
 ``--torch-ops`` runs the same buckets with the plain torch ops instead of the Triton kernels
 (the engine before the fused kernels), for an A/B in one call. A JSON report goes to ``--out``.
 """
@@ -78,6 +83,53 @@ def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: t
             "kernel_ms": round(kernel_ms, 4), "top_kernels": top_rows}
 
 
+def profile_round(model, draft: str, k: int, batch: int, context: int, iters: int, top: int) -> dict:
+    from engine.config import SamplingParams
+    from engine.drafters import DraftSpec, build_drafter
+    from engine.spec import SpecDecoder
+
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=batch, max_k=max(k, 1),
+                       k=k, kv_cache_tokens=batch * (context + 4 * iters + 256) + 4096)
+    dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg,
+                      build_drafter(DraftSpec.parse(draft), model, cfg))
+    if dec.fused is None:
+        raise SystemExit(f"bench.step_profile: {draft} with k={k} takes no fused rounds")
+    params = SamplingParams(max_tokens=4 * iters + 64, ignore_eos=True)
+    for i in range(batch):
+        dec.add_request([(7 * i + j) % 1000 + 10 for j in range(context)], params)
+    run_s = []
+    run = dec.fused.run
+
+    def timed_run(rows):
+        t0 = time.perf_counter()
+        out = run(rows)
+        run_s.append(time.perf_counter() - t0)
+        return out
+
+    dec.fused.run = timed_run
+    for _ in range(8):  # prefill, first drafts, graph capture
+        dec.step()
+    run_s.clear()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dec.step()
+    round_ms = (time.perf_counter() - t0) * 1e3 / iters
+    graphs = [g for g in dec.fused._graphs.values() if g.graph is not None]
+    replay = max(graphs, key=lambda g: g.tokens.shape[0]).graph.replay  # rewrites the same slots: idempotent
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        replay()
+    end.record()
+    torch.cuda.synchronize()
+    count, kernel_ms, top_rows = _kernels(replay, top)
+    return {"round": draft, "k": k, "batch": batch, "context": context, "fused_rounds_timed": len(run_s),
+            "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
+            "replay_ms": round(start.elapsed_time(end) / iters, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
+            "top_kernels": top_rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes")
@@ -86,6 +138,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--aux", default="", help="comma-separated target layers to return as aux features (EAGLE)")
     p.add_argument("--top", type=int, default=8, help="kernels listed per case")
+    p.add_argument("--round", metavar="DRAFT", help="profile fused rounds with this drafter (none: plain decode)")
+    p.add_argument("--k", type=int, default=4, help="--round: draft length")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
     p.add_argument("--model", help="target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", help="JSON report")
@@ -97,11 +151,21 @@ def main() -> None:
     model = load_model(args.model or default_model_path(), device="cuda", dtype=torch.bfloat16, progress=False)
     aux = tuple(int(a) for a in args.aux.split(",") if a)
     rows = []
+    if args.round:
+        for b in (int(x) for x in args.batch.split(",")):
+            row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
+                                args.top)
+            rows.append(row)
+            print(f"round {args.round} k={row['k']} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
+                  f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
+                  f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
+            for k in row["top_kernels"][:6]:
+                print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
     with ExitStack() as stack:
         if args.torch_ops:
             stack.enter_context(mock.patch.object(ops, "use_kernels", lambda x: False))
             stack.enter_context(mock.patch("engine.attention.static.StaticAttention.__init__.__defaults__", (False,)))
-        for b in (int(x) for x in args.batch.split(",")):
+        for b in (int(x) for x in args.batch.split(",") if not args.round):
             for q in (int(x) for x in args.q_len.split(",")):
                 row = profile_case(model, b, q, args.context, args.iters, aux, args.top)
                 row["ops"] = "torch" if args.torch_ops else "triton"

@@ -4,7 +4,7 @@
 # 1) the GPU tests ($TESTS; TESTS=none skips); 2) bench.step_profile: one captured step with the Triton
 # kernels and with plain torch ops ($PROFILE_OPS), its GPU time and kernels; 3) tandem bench with CUDA
 # graphs ($DRAFTS x $BATCHES x $TEMPS on HumanEval and ShareGPT, transformers $BASELINES; torch attention
-# for the prompts, so no flashinfer JIT); with AB=1 the same again with --no-fused-rounds; 4) with time
+# for the prompts, so no flashinfer JIT; $ROUNDS: fused-round profiles per drafter); with AB=1 the same again with --no-fused-rounds; 4) with time
 # left before $CALL_S, eval-draft of the default drafter at k = 4 (issue 4).
 # Everything lands under $OUT; each step has its own time limit so a slow one cannot eat the call.
 set -uo pipefail
@@ -21,6 +21,10 @@ fi
 for ops in ${PROFILE_OPS-triton torch}; do
   timeout "${PROFILE_S:-75}" python3 -m bench.step_profile --batch "${PROFILE_BATCH:-1,64}" --q-len 1,5 --iters 100 \
     --aux "${PROFILE_AUX:-}" $([ "$ops" = torch ] && echo --torch-ops) --out "$OUT/step-$ops.json" 2>&1 | grep -v Warning
+done
+for draft in ${ROUNDS-none auto}; do  # whole fused rounds: step, fused run and graph replay, kernels
+  timeout "${PROFILE_S:-75}" python3 -m bench.step_profile --round "$draft" --batch "${ROUND_BATCH:-1,16,64}" --iters 50 \
+    --out "$OUT/round-$draft.json" 2>&1 | grep -v Warning
 done
 echo "profiles done at $SECONDS s"
 bench() {  # name, extra flags

@@ -1,7 +1,11 @@
-"""Reference attention in plain torch: runs on any device, one sequence at a time.
+"""Reference attention in plain torch: runs on any device, the whole batch in one call per layer.
 
-Readable rather than fast: it gathers each sequence's pages into a contiguous K/V and calls
-``scaled_dot_product_attention`` with a bottom-right-aligned causal mask.
+Every sequence is padded to the batch's longest query and longest KV: ``plan`` builds, once per
+forward, the cache slot of every (sequence, key position) and a mask in which query j of a
+sequence (at position kv_len - q_len + j) sees its keys 0 .. that position and no padding. Each
+layer then writes the new K/V, gathers the padded keys and values in one indexing op each and
+calls ``scaled_dot_product_attention`` once. Padding costs memory and FLOPs where lengths are
+uneven, never Python work per sequence (which made a 64-prompt prefill on a GPU take 0.7 s).
 """
 
 from __future__ import annotations
@@ -20,34 +24,37 @@ class TorchAttention:
     def __init__(self, cache: PagedKVCache, num_heads: int) -> None:
         self.cache = cache
         self.num_heads = num_heads
-        self._seqs: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
 
     def plan(self, meta: AttentionMetadata) -> None:
         device = self.cache.k.device
         bs = self.cache.block_size
-        self._seqs = []
-        start = 0
-        for q_len, kv_len, table in zip(meta.q_lens, meta.kv_lens, meta.block_tables):
-            blocks = torch.tensor(table[: -(-kv_len // bs)], dtype=torch.long, device=device)
-            # query j sits at position kv_len - q_len + j and sees keys 0 .. that position
-            q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
-            mask = torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]  # [q_len, kv_len]
-            self._seqs.append((start, q_len, blocks, mask))
-            start += q_len
-        self._kv_lens = meta.kv_lens
+        b = len(meta.q_lens)
+        q_max, kv_max = max(meta.q_lens), max(meta.kv_lens)
+        blocks = -(-kv_max // bs)
+        tables = torch.tensor([list(t[:blocks]) + [0] * (blocks - len(t[:blocks])) for t in meta.block_tables],
+                              dtype=torch.long, device=device)                         # [B, M]
+        q_lens = torch.tensor(meta.q_lens, dtype=torch.long, device=device)             # [B]
+        kv_lens = torch.tensor(meta.kv_lens, dtype=torch.long, device=device)           # [B]
+        cols = torch.arange(kv_max, device=device)                                      # [S]
+        self._key_slots = tables.gather(1, (cols // bs).expand(b, -1)) * bs + cols % bs  # [B, S]
+        j = torch.arange(q_max, device=device)                                          # [Q]
+        q_pos = kv_lens[:, None] - q_lens[:, None] + j[None, :]                         # [B, Q]
+        self._mask = ((cols[None, None, :] <= q_pos[:, :, None])
+                      & (cols[None, None, :] < kv_lens[:, None, None]))[:, None]        # [B, 1, Q, S]
+        starts = torch.cumsum(q_lens, 0) - q_lens                                       # [B]
+        live = j[None, :] < q_lens[:, None]                                             # [B, Q]
+        # padded query (b, j) <- flat token starts[b] + j (padding repeats a real token; its output is dropped)
+        self._q_index = torch.where(live, starts[:, None] + j[None, :], starts[:, None])  # [B, Q]
+        self._out_index = (torch.arange(b, device=device)[:, None] * q_max + j[None, :])[live]  # [T]
         self._slots = meta.slot_mapping
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: [T, Hq, D]; k, v: [T, Hkv, D]
+        # q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]
         self.cache.write(layer, self._slots, k, v)
         hkv, d = k.shape[1:]
-        out = torch.empty_like(q)
-        k_layer, v_layer = self.cache.k[layer], self.cache.v[layer]
-        for (start, q_len, blocks, mask), kv_len in zip(self._seqs, self._kv_lens):
-            keys = k_layer[blocks].reshape(-1, hkv, d)[:kv_len]      # [kv_len, Hkv, D]
-            values = v_layer[blocks].reshape(-1, hkv, d)[:kv_len]
-            qs = q[start:start + q_len].transpose(0, 1)                # [Hq, q_len, D]
-            o = F.scaled_dot_product_attention(qs, keys.transpose(0, 1), values.transpose(0, 1),
-                                               attn_mask=mask, enable_gqa=True)  # [Hq, q_len, D]
-            out[start:start + q_len] = o.transpose(0, 1)
-        return out
+        keys = self.cache.k[layer].view(-1, hkv, d)[self._key_slots]      # [B, S, Hkv, D]
+        values = self.cache.v[layer].view(-1, hkv, d)[self._key_slots]
+        qs = q[self._q_index]                                             # [B, Q, Hq, D]
+        o = F.scaled_dot_product_attention(qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                           attn_mask=self._mask, enable_gqa=True)  # [B, Hq, Q, D]
+        return o.transpose(1, 2).reshape(-1, *q.shape[1:])[self._out_index]
