@@ -11,7 +11,8 @@ The models see flat ``[T]`` tokens; these backends view them as ``[B, S]``:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from engine.attention.sdpa import attend
 
 
 def _heads(x: torch.Tensor, b: int) -> torch.Tensor:
@@ -33,8 +34,7 @@ class CausalAttention:
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b = self.batch
-        o = F.scaled_dot_product_attention(_heads(q, b), _heads(k, b), _heads(v, b), is_causal=True,
-                                           enable_gqa=True)
+        o = attend(_heads(q, b), _heads(k, b), _heads(v, b), is_causal=True)
         return _flat(o)
 
 
@@ -71,7 +71,7 @@ class CachedAttention:
         self.v[layer, :, s0:s0 + n] = v.view(b, n, *v.shape[1:])
         keys = self.k[layer, :, : s0 + n].transpose(1, 2)       # [B, Hkv, S, D]
         values = self.v[layer, :, : s0 + n].transpose(1, 2)
-        o = F.scaled_dot_product_attention(_heads(q, b), keys, values, attn_mask=self.mask, enable_gqa=True)
+        o = attend(_heads(q, b), keys, values, self.mask)
         return _flat(o)
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.sdpa import attend
 from engine.kv_cache import PagedKVCache
 
 
@@ -107,5 +107,5 @@ class StaticAttention:
         keys = self.cache.k[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)    # [B, Hkv, S, D]
         values = self.cache.v[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)
         qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
-        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask, enable_gqa=True)
+        o = attend(qs, keys, values, self.mask)
         return o.transpose(1, 2).reshape(b * n, -1, d)

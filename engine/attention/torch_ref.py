@@ -4,16 +4,16 @@ Every sequence is padded to the batch's longest query and longest KV: ``plan`` b
 forward, the cache slot of every (sequence, key position) and a mask in which query j of a
 sequence (at position kv_len - q_len + j) sees its keys 0 .. that position and no padding. Each
 layer then writes the new K/V, gathers the padded keys and values in one indexing op each and
-calls ``scaled_dot_product_attention`` once. Padding costs memory and FLOPs where lengths are
+calls ``scaled_dot_product_attention`` once (``engine.attention.sdpa``: no cuDNN). Padding costs memory and FLOPs where lengths are
 uneven, never Python work per sequence (which made a 64-prompt prefill on a GPU take 0.7 s).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.sdpa import attend
 from engine.kv_cache import PagedKVCache
 
 
@@ -55,6 +55,5 @@ class TorchAttention:
         keys = self.cache.k[layer].view(-1, hkv, d)[self._key_slots]      # [B, S, Hkv, D]
         values = self.cache.v[layer].view(-1, hkv, d)[self._key_slots]
         qs = q[self._q_index]                                             # [B, Q, Hq, D]
-        o = F.scaled_dot_product_attention(qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                           attn_mask=self._mask, enable_gqa=True)  # [B, Hq, Q, D]
+        o = attend(qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), self._mask)  # [B, Hq, Q, D]
         return o.transpose(1, 2).reshape(-1, *q.shape[1:])[self._out_index]
