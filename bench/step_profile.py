@@ -124,10 +124,25 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     end.record()
     torch.cuda.synchronize()
     count, kernel_ms, top_rows = _kernels(replay, top)
+    host_rows = _host_ops(dec.step, 3, top)
     return {"round": draft, "k": k, "batch": batch, "context": context, "fused_rounds_timed": len(run_s),
             "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
             "replay_ms": round(start.elapsed_time(end) / iters, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
-            "top_kernels": top_rows}
+            "top_kernels": top_rows, "top_host_ops": host_rows}
+
+
+def _host_ops(fn, calls: int, top: int) -> list[dict]:
+    """CPU time of ``fn`` by aten op and CUDA runtime call (self time over ``calls`` calls): where the
+    host side of a round goes (copies, syncs, graph launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(({"op": e.key[:80], "count": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1e3 / calls, 4)}
+                   for e in prof.key_averages()), key=lambda r: -r["self_cpu_ms"])
+    return rows[:top]
 
 
 def main() -> None:
@@ -161,6 +176,8 @@ def main() -> None:
                   f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
             for k in row["top_kernels"][:6]:
                 print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
+            print("    host, per step:", "; ".join(f"{h['op']} {h['self_cpu_ms']:.3f} ms x{h['count']}"
+                                                   for h in row["top_host_ops"][:6]))
     with ExitStack() as stack:
         if args.torch_ops:
             stack.enter_context(mock.patch.object(ops, "use_kernels", lambda x: False))
