@@ -116,7 +116,7 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
         dec.step()
     round_ms = (time.perf_counter() - t0) * 1e3 / iters
     graphs = [g for g in dec.fused._graphs.values() if g.graph is not None]
-    replay = max(graphs, key=lambda g: g.tokens.shape[0]).graph.replay  # rewrites the same slots: idempotent
+    replay = max(graphs, key=lambda g: g.inputs.shape[0]).graph.replay  # rewrites the same slots: idempotent
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):

@@ -1,38 +1,75 @@
-"""The co-located fast path: a whole greedy round for a batch in one CUDA graph, one host sync.
+"""The co-located fast path: a whole round for a batch in one CUDA graph, one host sync.
 
 A *fused round* takes R rows (requests), each with its last committed token t0 (not yet in the
 target's KV, at position L) and k pending drafts, and in one graph
 1. verifies: the target runs over ``[t0, d1 .. dk]`` of every row (StaticAttention, q_len k + 1,
    plus the aux features a feature-fed drafter reads);
-2. accepts: ``greedy_verify`` against the target's argmax -> committed tokens ``[R, k+1]``
-   (accepted drafts, then the recovered or bonus token) and ``num_accepted`` [R];
+2. accepts: ``greedy_verify`` against the target's argmax, and for sampled rows
+   ``rejection_sample`` against the target's distribution (temperature / top-k / top-p per row)
+   and the drafts' q -> committed tokens ``[R, k+1]`` (accepted drafts, then the recovered or
+   bonus token) and ``num_accepted`` [R];
 3. drafts: the drafter's ``DraftProgram`` catches up on the committed tokens and drafts the next
-   round's k tokens, on the device (for EAGLE: engine/drafters/eagle_graph.py).
+   round's k tokens (and, for sampled rows, their q), on the device (EAGLE:
+   engine/drafters/eagle_graph.py).
 Outputs land in one ``[R, 2k + 2]`` buffer (committed tokens, accepted count, next drafts) that the
-host reads once per round; everything else the next round needs stays in the two KV caches.
-With k = 0 and no drafter it is plain greedy decoding through one graph per step.
+host reads once per round; the next drafts' q (sampled rows) stays on the device until the next
+round verifies them, and everything else the next round needs stays in the two KV caches.
+With k = 0 and no drafter it is plain decoding (greedy or sampled) through one graph per step.
 
-Host work per round: grow each row's KV allocation for the round, copy the tokens and block
-tables in, replay, read the one buffer, roll each row's KV back to its committed length. Graphs
-are keyed by (rows bucket, context bucket), captured lazily into one pool; on the CPU the same
-code runs eagerly (``capture=False``), which is how it is tested without a GPU. Sampled
-requests take the eager round (``SpecDecoder.run_round``).
+Randomness never comes from inside a graph: a sampled row's coins (``coin_width`` uniforms and one
+row of Exponential(1) noise per round, as the eager round draws them) come from the request's own
+generator into the round's preallocated buffers before the replay, and the drafter draws its own
+noise the same way; so a seeded request decodes the same tokens on this path as on the eager one.
+
+Host work per round: grow each row's KV allocation for the round, copy the tokens, block tables
+and (sampled) parameters and coins in, replay, read the one buffer, roll each row's KV back to its
+committed length. Graphs are keyed by (rows bucket, context bucket, sampling mode), captured
+lazily into one pool; on the CPU the same code runs eagerly (``capture=False``), which is how it is
+tested without a GPU.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from engine.attention.static import StaticAttention
+from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
-from engine.sampling import greedy_verify
+from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram, Drafter
     from engine.runner import ModelRunner
+
+
+class Mode(enum.IntEnum):
+    """What a round's graph accepts with: part of its key, decided on the host from the rows' params."""
+
+    GREEDY = 0    # every row greedy: argmax matching only
+    SAMPLED = 1   # some rows sample (temperature only): rejection sampling beside the greedy rows
+    FILTERED = 2  # and some use top-k / top-p: the sorting path of probs_from_logits
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams]) -> "Mode":
+        sampled = [p for p in params if not p.greedy]
+        if not sampled:
+            return cls.GREEDY
+        return cls.FILTERED if any(p.top_k > 0 or p.top_p < 1.0 for p in sampled) else cls.SAMPLED
+
+
+@dataclass(frozen=True)
+class FusedRow:
+    request_id: str
+    token_ids: Sequence[int]        # every committed token; the last (t0) is not yet in the target's KV
+    drafts: Sequence[int]           # the k pending drafts (empty with k = 0)
+    params: SamplingParams          # seed resolved
+    num_draft: int = -1             # drafts to verify, <= k: fewer near max_tokens, as the eager round (-1: k)
+    q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
+    generator: torch.Generator | None = None  # the request's coins (sampled rows)
 
 
 @dataclass(frozen=True)
@@ -40,24 +77,75 @@ class RowResult:
     committed: list[int]  # accepted drafts + the recovered / bonus token (num_accepted + 1 tokens)
     num_accepted: int
     next_drafts: list[int]  # k drafts for the next round (empty with k = 0)
+    next_q: torch.Tensor | None = None  # [k, V] their q (sampled rows): a view, valid until the next round
+
+
+@dataclass
+class RoundSampling:
+    """Device buffers of a sampling round, refilled on the host before each replay (padding rows greedy).
+
+    The per-row parameters cross in one copy (``params`` [R, 4]: greedy, temperature, top_k, top_p);
+    ``unpack`` turns them into the tensors below inside the graph, once per round."""
+
+    filtered: bool
+    params: torch.Tensor       # [R, 4] float32
+    uniforms: torch.Tensor     # [R, coin_width] float32: the round's acceptance coins
+    noise: torch.Tensor        # [R, V] float32 Exponential(1): the recovered / bonus draw
+    q_in: torch.Tensor | None  # [R, k, V] float32: q of the drafts being verified (k > 0)
+    greedy: torch.Tensor | None = None       # [R] bool
+    temperature: torch.Tensor | None = None  # [R] float32, 1 on greedy rows
+    top_k: torch.Tensor | None = None        # [R] int64
+    top_p: torch.Tensor | None = None        # [R] float32
+
+    @classmethod
+    def allocate(cls, rows: int, k: int, coin_width: int, vocab: int, filtered: bool,
+                 device: torch.device) -> "RoundSampling":
+        params = torch.tensor([[1.0, 1.0, 0.0, 1.0]] * rows, device=device)
+        return cls(filtered, params, torch.zeros(rows, coin_width, device=device), torch.ones(rows, vocab, device=device),
+                   torch.zeros(rows, k, vocab, device=device) if k else None)
+
+    def unpack(self) -> None:
+        """Inside the graph: the parameter tensors every part of the round reads."""
+        self.greedy = self.params[:, 0] > 0.5
+        self.temperature, self.top_k, self.top_p = self.params[:, 1], self.params[:, 2].long(), self.params[:, 3]
+
+    def load(self, rows: Sequence["FusedRow"]) -> None:
+        """Parameters, coins (from each sampled row's generator, as ``SpecDecoder._coins`` draws them)
+        and the pending drafts' q; rows past the batch become greedy padding."""
+        n = len(rows)
+        table = [[1.0, 1.0, 0.0, 1.0] if r.params.greedy else
+                 [0.0, r.params.temperature, float(r.params.top_k), r.params.top_p] for r in rows]
+        table += [[1.0, 1.0, 0.0, 1.0]] * (self.params.shape[0] - n)
+        self.params.copy_(torch.tensor(table), non_blocking=True)
+        for i, r in enumerate(rows):
+            if not r.params.greedy:
+                self.uniforms[i].uniform_(generator=r.generator)
+                self.noise[i].exponential_(generator=r.generator)
+        if self.q_in is not None:
+            zero = self.q_in.new_zeros(self.q_in.shape[1:])  # greedy rows: any finite q, their result is unused
+            self.q_in[:n].copy_(torch.stack([zero if r.params.greedy or r.q is None else r.q for r in rows]))
 
 
 @dataclass
 class _RoundGraph:
     attn: StaticAttention           # the target's verify, q_len k + 1
     program: "DraftProgram | None"  # the drafter's part
-    tokens: torch.Tensor            # [R, k+1] long: t0 and the k pending drafts of each row
-    out: torch.Tensor | None = None  # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
+    inputs: torch.Tensor            # [R, k+2] long: t0, the k pending drafts and how many of them to verify
+    sampling: RoundSampling | None  # sampled modes only
+    out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
+    q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
 
 
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
-                 max_context: int, capture: bool) -> None:
+                 max_context: int, capture: bool, coin_width: int) -> None:
+        """coin_width: uniforms a sampled request draws per round (the engine's max_k, as the eager round)."""
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         self.target, self.drafter, self.k = target, drafter, k
         self.capture = capture
+        self.coin_width = max(coin_width, k)
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
@@ -67,7 +155,7 @@ class FusedRounds:
             alloc.extend(PAD_SEQ, 1)
         self.scratch_block = alloc.block_table(PAD_SEQ)[0]
         self._offsets = torch.arange(k + 1, device=target.device)
-        self._graphs: dict[tuple[int, int], _RoundGraph] = {}
+        self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     # ------------------------------------------------------------------ host side
@@ -75,22 +163,27 @@ class FusedRounds:
         """Whether a row with this many committed tokens can take a round (its KV and drafts fit)."""
         return committed + 2 * self.k + 1 <= self.max_context
 
-    def run(self, rows: Sequence[tuple[str, list[int], list[int]]]) -> list[RowResult]:
-        """One round for rows of (request id, committed tokens, k pending drafts)."""
+    def run(self, rows: Sequence[FusedRow]) -> list[RowResult]:
+        """One round for these rows."""
         k, n = self.k, len(rows)
-        lengths = [len(tokens) - 1 for _, tokens, _ in rows]  # L: everything but t0 is in the target's KV
+        lengths = [len(r.token_ids) - 1 for r in rows]  # L: everything but t0 is in the target's KV
         rows_b = next(b for b in self.batch_buckets if b >= n)
         ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * k + 1)
-        g = self._graphs.get((rows_b, ctx)) or self._build(rows_b, ctx)
+        mode = Mode.of([r.params for r in rows])
+        g = self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)
         alloc = self.target.allocator
-        for (rid, _, _), length in zip(rows, lengths):
-            alloc.extend(rid, length + k + 1)
-        g.attn.set_rows([alloc.block_table(rid) for rid, _, _ in rows], [length + k + 1 for length in lengths])
+        for r, length in zip(rows, lengths):
+            alloc.extend(r.request_id, length + k + 1)
+        g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], [length + k + 1 for length in lengths])
+        if g.sampling is not None:
+            g.sampling.load(rows)
         if g.program is not None:
-            g.program.load([(rid, length) for (rid, _, _), length in zip(rows, lengths)])
-        tokens = torch.zeros(rows_b, k + 1, dtype=torch.long)
-        tokens[:n] = torch.tensor([[t[-1]] + list(d) for _, t, d in rows], dtype=torch.long).view(n, k + 1)
-        g.tokens.copy_(tokens, non_blocking=True)
+            g.program.load([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
+        inputs = torch.zeros(rows_b, k + 2, dtype=torch.long)
+        inputs[:, k + 1] = k
+        inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, k if r.num_draft < 0 else r.num_draft]
+                                   for r in rows], dtype=torch.long).view(n, k + 2)
+        g.inputs.copy_(inputs, non_blocking=True)
         if g.graph is not None:
             g.graph.replay()
         else:
@@ -98,45 +191,64 @@ class FusedRounds:
                 self._compute(g)
         out = g.out[:n].tolist()  # the round's one host sync
         results = []
-        for (rid, _, _), length, row in zip(rows, lengths, out):
+        for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
             a = row[k + 1]
-            alloc.truncate(rid, length + a + 1)
+            alloc.truncate(r.request_id, length + a + 1)
             if g.program is not None:
-                g.program.commit(rid, length + a + 1)
-            results.append(RowResult(row[: a + 1], a, row[k + 2:]))
+                g.program.commit(r.request_id, length + a + 1)
+            q = g.q_out[i] if g.q_out is not None and not r.params.greedy else None
+            results.append(RowResult(row[: a + 1], a, row[k + 2:], q))
         return results
 
     # ------------------------------------------------------------------ the graph
     def _compute(self, g: _RoundGraph) -> None:
-        k, model = self.k, self.target.model
-        rows = g.tokens.shape[0]
+        k, model, s = self.k, self.target.model, g.sampling
+        rows = g.inputs.shape[0]
+        tokens, drafts, num_draft = g.inputs[:, : k + 1], g.inputs[:, 1: k + 1], g.inputs[:, k + 1]
         kv = g.attn.kv_lens                                                   # [R] L + k + 1
         positions = (kv[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)
         g.attn.prepare()
-        hidden, aux = model.forward_aux(g.tokens.reshape(-1), positions, g.attn, self.aux_layers)
-        argmax = model.compute_logits(hidden).argmax(-1).view(rows, k + 1)     # [R, k+1]
-        num_draft = torch.full((rows,), k, dtype=torch.long, device=kv.device)
-        committed, accepted = greedy_verify(g.tokens[:, 1:], num_draft, argmax)
+        hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
+        logits = model.compute_logits(hidden)                                  # [R*(k+1), V] float32
+        committed, accepted = greedy_verify(drafts, num_draft, logits.argmax(-1).view(rows, k + 1))
+        if s is not None:
+            s.unpack()
+            per_pos = lambda x: x.repeat_interleave(k + 1)  # noqa: E731 - one value per verified position
+            probs = probs_from_logits(logits, per_pos(s.temperature), per_pos(s.top_k), per_pos(s.top_p),
+                                      s.filtered).view(rows, k + 1, -1)
+            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms[:, :k], s.noise)
+            committed = torch.where(s.greedy[:, None], committed, s_out)
+            accepted = torch.where(s.greedy, accepted, s_acc)
         parts = [committed, accepted[:, None]]
+        q = None
         if g.program is not None:
-            parts.append(g.program.draft(committed, accepted, aux, kv))
+            next_drafts, q = g.program.draft(committed, accepted, aux, kv, s)
+            parts.append(next_drafts)
         out = torch.cat(parts, dim=1)
         if g.out is None:
-            g.out = out
+            g.out, g.q_out = out, q
         else:
             g.out.copy_(out)
+            if q is not None:
+                g.q_out.copy_(q)
 
-    def _build(self, rows: int, ctx: int) -> _RoundGraph:
+    def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:
         t = self.target
         blocks = -(-ctx // t.cache.block_size)
         attn = StaticAttention(t.cache, t.model.config.num_heads, rows, self.k + 1, blocks, self.scratch_block)
-        program = self.drafter.round_program(rows, self.k, blocks) if self.k else None
-        g = _RoundGraph(attn, program, torch.zeros(rows, self.k + 1, dtype=torch.long, device=t.device))
+        sampling = None
+        if mode != Mode.GREEDY:
+            sampling = RoundSampling.allocate(rows, self.k, self.coin_width, t.vocab_size, mode == Mode.FILTERED,
+                                              t.device)
+        program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
+        inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
+        inputs[:, self.k + 1] = self.k
+        g = _RoundGraph(attn, program, inputs, sampling)
         with torch.inference_mode():
-            self._compute(g)  # allocates the output buffer (and compiles the kernels on a GPU)
+            self._compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
         if self.capture:
             g.graph = capture(lambda: self._compute(g), lambda: self._compute(g), self._pool, t.device)
-        self._graphs[(rows, ctx)] = g
+        self._graphs[(rows, ctx, mode)] = g
         return g
 
     @property

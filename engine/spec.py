@@ -32,7 +32,7 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
-from engine.fused_round import FusedRounds
+from engine.fused_round import FusedRounds, FusedRow
 from engine.request import FinishReason, Request, RequestOutput
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import PLACEHOLDER_TOKEN_ID, greedy_verify, probs_from_logits, rejection_sample
@@ -78,8 +78,8 @@ class SpecDecoder:
         if config.use_fused_rounds and (drafter is None or config.k == 0 or drafter.graph_rounds):
             k = config.k if drafter is not None else 0
             self.fused = FusedRounds(target, drafter, k, config.max_batch_size, self.max_context,
-                                     capture=target.device.type == "cuda")
-        self._pending: dict[str, list[int]] = {}
+                                     capture=target.device.type == "cuda", coin_width=config.max_k)
+        self._pending: dict[str, tuple[list[int], torch.Tensor | None]] = {}  # fast path: next drafts and their q
 
     @property
     def running(self) -> list[Request]:
@@ -241,8 +241,8 @@ class SpecDecoder:
 
     def step(self) -> list[RequestOutput]:
         """Admit queued requests, then run one round for the running requests the token budget admits:
-        greedy requests on the fast path in one fused round, the others (prefills, sampled requests, a
-        request's first drafts) in an eager round beside it."""
+        decoding requests on the fast path in one fused round, the others (prefills, a request's first
+        drafts) in an eager round beside it."""
         self._admit()
         reqs, ks, chunks = self.plan_round(self.running)
         if not reqs:
@@ -254,7 +254,7 @@ class SpecDecoder:
             self._pending.pop(r.request_id, None)
         for (r, _, c), it in zip(slow, self.propose([r for r, _, _ in slow], [k for _, k, _ in slow])):
             if c is None and self._fused_takes(r, it):
-                self._pending[r.request_id] = list(it.drafts)
+                self._pending[r.request_id] = (list(it.drafts), it.probs)
                 fast.append(r)
             else:
                 eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
@@ -263,25 +263,31 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ the fast path
     def _fused_ready(self, r: Request) -> bool:
-        """On the fast path this round: greedy, decoding, its drafts (if any) in hand, room for a round."""
-        if self.fused is None or not r.params.greedy or self.unseen(r) != 1 or not self.fused.fits(len(r.token_ids)):
+        """On the fast path this round: decoding, its drafts (if any) in hand, room for a round."""
+        if self.fused is None or self.unseen(r) != 1 or not self.fused.fits(len(r.token_ids)):
             return False
         return self.fused.k == 0 or r.request_id in self._pending
 
     def _fused_takes(self, r: Request, item: RoundItem) -> bool:
-        """A greedy request the drafter has just drafted a full k for moves to the fast path."""
+        """A request the drafter has just drafted a full k for (with their q when it samples) moves to the
+        fast path."""
         f = self.fused
-        return (f is not None and f.k > 0 and r.params.greedy and self.unseen(r) == 1 and len(item.drafts) == f.k
+        return (f is not None and f.k > 0 and self.unseen(r) == 1 and len(item.drafts) == f.k
+                and (r.params.greedy or item.probs is not None)
                 and f.fits(len(r.token_ids)) and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
     def _fused_round(self, reqs: list[Request]) -> list[RequestOutput]:
         k = self.fused.k
-        results = self.fused.run([(r.request_id, r.token_ids, self._pending.get(r.request_id, [])) for r in reqs])
+        rows = []
+        for r in reqs:
+            drafts, q = self._pending.get(r.request_id, ([], None))
+            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, max(0, min(k, r.room() - 1)), q,
+                                 None if r.params.greedy else self._generator(r)))
+        results = self.fused.run(rows)
         outputs = []
         for r, res in zip(reqs, results):
-            # counted as the eager round would: it drafts at most room - 1 tokens (the rest cannot be kept)
-            drafted = min(k, r.room() - 1)
-            accepted = min(res.num_accepted, drafted)
+            drafted = min(k, r.room() - 1)  # as the eager round: at most room - 1 drafts (the rest cannot be kept)
+            accepted = res.num_accepted
             r.rounds += 1
             r.accepted += accepted
             r.drafted += drafted
@@ -290,7 +296,7 @@ class SpecDecoder:
             if r.finished:
                 self._finish(r)
             elif k:
-                self._pending[r.request_id] = res.next_drafts
+                self._pending[r.request_id] = (res.next_drafts, res.next_q)
         return outputs
 
     def run_round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None = None
@@ -402,11 +408,16 @@ class SpecDecoder:
         uniforms = torch.empty(len(reqs), self.config.max_k, device=dev)
         noise = torch.empty(len(reqs), vocab, device=dev)
         for i, r in enumerate(reqs):
-            if r.generator is None:
-                r.generator = torch.Generator(device=dev).manual_seed(r.params.seed)
-            uniforms[i].uniform_(generator=r.generator)
-            noise[i].exponential_(generator=r.generator)
+            gen = self._generator(r)
+            uniforms[i].uniform_(generator=gen)
+            noise[i].exponential_(generator=gen)
         return uniforms[:, :k], noise
+
+    def _generator(self, r: Request) -> torch.Generator:
+        """The request's own random stream for acceptance coins and recovered / bonus draws (from its seed)."""
+        if r.generator is None:
+            r.generator = torch.Generator(device=self.target.device).manual_seed(r.params.seed)
+        return r.generator
 
     # ------------------------------------------------------------------ convenience
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]

@@ -13,7 +13,8 @@ Capabilities are declared as attributes, never inferred from names:
   request's new aux features to ``propose`` (``DraftRequest.features``) exactly once;
   ``feature_size`` is their width per position (0 when ``target_features`` is empty).
 - ``graph_rounds``: the drafter can draft inside a fused round's graph (engine/fused_round.py):
-  ``round_program(rows, k, max_blocks)`` returns its ``DraftProgram`` for one bucket, and
+  ``round_program(rows, k, max_blocks, sampled)`` returns its ``DraftProgram`` for one bucket (sampled:
+  the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
   ``propose``) can go on in fused rounds from here.
 """
@@ -48,15 +49,17 @@ class DraftProposal:
 class DraftProgram(Protocol):
     """A drafter's part of a fused round for one bucket of ``rows`` rows and k drafts per row."""
 
-    def load(self, rows: Sequence[tuple[str, int]]) -> None:
-        """Host, before the replay: rows of (request id, L = committed tokens before the last one);
-        make room in the drafter's own KV for the round and fill its buffers; further rows are padding."""
+    def load(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
+        """Host, before the replay: rows of (request id, L = committed tokens before the last one, params);
+        make room in the drafter's own KV for the round and fill its buffers (a sampled row's noise, from
+        its own stream); further rows are padding."""
 
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
-              kv_lens: torch.Tensor) -> torch.Tensor:
+              kv_lens: torch.Tensor, sampling=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Inside the graph. committed: [R, k+1] this round's committed tokens (positions L+1 ..; past
         num_accepted [R] they are placeholders); aux: [R*(k+1), F] the verify's target features (positions
-        L .. L+k); kv_lens: [R] L + k + 1 -> the next round's drafts [R, k] int64."""
+        L .. L+k); kv_lens: [R] L + k + 1; sampling: the round's ``RoundSampling`` (None: all greedy)
+        -> the next round's drafts [R, k] int64 and, in sampling rounds, their q [R, k, V] float32."""
 
     def commit(self, request_id: str, length: int) -> None:
         """Host, after the round: the request now has ``length`` committed tokens; forget past them."""

@@ -56,13 +56,14 @@ class EagleDrafter:
         self.target_features = head.eagle.aux_layers
         self.feature_size = head.eagle.aux_size
         self.runner = ModelRunner(head, config)
-        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
+        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m, config.device)
+        self.draws_per_round = config.k  # a fused round draws k noise rows per sampled request (eagle_graph.py)
         self._states: dict[str, _State] = {}
 
-    def round_program(self, rows: int, k: int, max_blocks: int):
+    def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False):
         from engine.drafters.eagle_graph import EagleProgram
 
-        return EagleProgram(self, rows, k, max_blocks)
+        return EagleProgram(self, rows, k, max_blocks, sampled)
 
     def graph_ready(self, request_id: str, committed: int) -> bool:
         """After ``propose``: the head holds true entries 1 .. committed - 1 (base 1), what a fused round
@@ -152,4 +153,5 @@ class EagleDrafter:
             active = [active[j] for j in keep]
             chunks = [Chunk(requests[i].request_id, [drafts[i][-1]]) for i in active]
             features = out.hidden[keep]
+        self.sampler.skip(requests, [len(d) for d in drafts], self.draws_per_round)
         return DraftProposal(token_ids=drafts, probs=probs)

@@ -35,7 +35,7 @@ class ModelDrafter:
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
         self.runner = ModelRunner(model, config)
-        self.sampler = DraftSampler(target_vocab, config.draft_top_m)
+        self.sampler = DraftSampler(target_vocab, config.draft_top_m, config.device)
         self._states: dict[str, _State] = {}
 
     @classmethod

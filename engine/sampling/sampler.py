@@ -15,11 +15,17 @@ def probs_from_logits(
     temperature: torch.Tensor,  # [N] float32, > 0
     top_k: torch.Tensor,        # [N] int64, 0 = off
     top_p: torch.Tensor,        # [N] float32 in (0, 1], 1 = off
+    filtered: bool | None = None,  # whether any row filters (top-k / top-p); None: look (a host sync)
 ) -> torch.Tensor:              # [N, V] float32, rows sum to 1
+    """``filtered`` is the caller's when the shapes must not depend on the data (inside a CUDA graph):
+    False takes the plain softmax (every row must have its filters off), True the filtering path,
+    which leaves a row with top_k 0 and top_p 1 exactly as the softmax would (up to rounding)."""
     logits = logits.float() / temperature.unsqueeze(-1)
     use_k = top_k > 0
     use_p = top_p < 1.0
-    if not bool((use_k | use_p).any()):
+    if filtered is None:
+        filtered = bool((use_k | use_p).any())
+    if not filtered:
         return torch.softmax(logits, dim=-1)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]

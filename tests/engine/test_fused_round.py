@@ -1,10 +1,12 @@
-"""The fast path (engine/fused_round.py): greedy rounds as one graph each, here run eagerly on the CPU.
+"""The fast path (engine/fused_round.py): rounds as one graph each, here run eagerly on the CPU.
 
-Fused rounds must decode exactly what the eager engine decodes: plain greedy (k = 0) and with the
-default EAGLE drafter, whose drafts inside the round must be the drafts the eager drafter makes
-(equal acceptance counts, round by round). Requests join and leave between rounds, sampled requests
-share the batch through the eager round, a request near the end of its context leaves the fast
-path, and aborted requests free their KV in the target and the head.
+Fused rounds must decode exactly what the eager engine decodes: plain (k = 0) and with the default
+EAGLE drafter, whose drafts inside the round must be the drafts the eager drafter makes (equal
+acceptance counts, round by round), greedy and sampled: a seeded sampled request draws the same
+coins from the same streams on both paths (rejection sampling in the graph, the head sampling its
+drafts from q in the graph), with temperature alone and with top-k / top-p. Requests join and leave
+between rounds, greedy and sampled rows share a round, a request near the end of its context leaves
+the fast path, and aborted requests free their KV in the target and the head.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SamplingParams
+from engine.fused_round import Mode
 from engine.graphs import PAD_SEQ
 from tests.conftest import make_decoder
 
@@ -65,6 +68,25 @@ def test_requests_join_between_fused_rounds_beside_sampled_ones(smollm, prompts)
         if not dec.has_unfinished():
             break
     assert list(tokens.values()) == [o.new_token_ids for o in want]
+
+
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+def test_sampled_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
+    """Seeded sampled requests (temperature alone; top-k and top-p) beside a greedy one, in one batch."""
+    params = [SamplingParams(max_tokens=21, ignore_eos=True, temperature=0.8, seed=11),
+              SamplingParams(max_tokens=26, ignore_eos=True),
+              SamplingParams(max_tokens=19, ignore_eos=True, temperature=1.1, seed=5),
+              SamplingParams(max_tokens=23, ignore_eos=True, temperature=0.7, seed=3)]
+    for filters in ({}, {"top_k": 40, "top_p": 0.9}):
+        ps = [p if p.greedy else SamplingParams(**{**p.__dict__, **filters}) for p in params]
+        want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, ps)
+        dec = _fused(smollm, draft, k)
+        got = dec.generate(prompts, ps)
+        assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+        assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
+        assert {key[2] for key in dec.fused._graphs} >= {Mode.FILTERED if filters else Mode.SAMPLED}
+    if k:
+        assert sum(o.accepted for o in got[:1] + got[2:]) > 0  # sampled drafts were accepted in the graph
 
 
 def test_a_request_near_the_end_of_its_context_leaves_the_fast_path(smollm, prompts):
