@@ -110,7 +110,10 @@ class EngineConfig:
     draft_top_m: int = 0  # sampled drafts: draw from (and send) only the top m tokens; 0 = the full distribution
     max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
     cuda_graphs: bool | None = None  # plain decode steps through captured graphs; None: on for cuda, off for cpu
-    fused_rounds: bool | None = None  # greedy rounds as one graph each (engine/fused_round.py); None: with cuda_graphs
+    fused_rounds: bool | None = None  # rounds as one graph each (engine/fused_round.py); None: with cuda_graphs
+    # fused rounds speculate only while at most this many requests run; beyond it they decode plainly (the drafter
+    # still catching up), where a verify of k + 1 tokens per row costs more than the drafts save; None: always
+    spec_max_batch: int | None = 8
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -126,6 +129,8 @@ class EngineConfig:
         _require(0 <= self.max_k <= 32, "max_k", f"must be in [0, 32], got {self.max_k}")
         _require(0 <= self.k <= self.max_k, "k", f"must be in [0, max_k={self.max_k}], got {self.k}")
         _require(self.draft_top_m >= 0, "draft_top_m", f"must be >= 0, got {self.draft_top_m}")
+        _require(self.spec_max_batch is None or self.spec_max_batch >= 0, "spec_max_batch",
+                 f"must be >= 0 or None, got {self.spec_max_batch}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
 

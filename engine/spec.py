@@ -73,12 +73,19 @@ class SpecDecoder:
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self._ids = itertools.count()
         self._reserved_blocks = 0
-        # the fast path: greedy rounds as one graph each; requests in it keep their next drafts here
+        # the fast path: rounds as one graph each; requests in it keep their next drafts here. ``fused`` speculates
+        # (k drafts per row), ``fused_plain`` decodes plainly: the rounds of a batch above spec_max_batch, its
+        # graph drafter (EAGLE) still catching up so those requests can speculate again when the batch shrinks
         self.fused: FusedRounds | None = None
-        if config.use_fused_rounds and (drafter is None or config.k == 0 or drafter.graph_rounds):
-            k = config.k if drafter is not None else 0
-            self.fused = FusedRounds(target, drafter, k, config.max_batch_size, self.max_context,
-                                     capture=target.device.type == "cuda", coin_width=config.max_k)
+        self.fused_plain: FusedRounds | None = None
+        if config.use_fused_rounds:
+            graph_drafter = drafter if drafter is not None and drafter.graph_rounds else None
+            fused = lambda k, d: FusedRounds(target, d, k, config.max_batch_size, self.max_context,  # noqa: E731
+                                             capture=target.device.type == "cuda", coin_width=config.max_k)
+            if drafter is None or config.k == 0 or graph_drafter is not None:
+                self.fused = fused(config.k if drafter is not None else 0, graph_drafter if config.k else None)
+            if drafter is not None and config.k and config.spec_max_batch is not None:
+                self.fused_plain = fused(0, graph_drafter)
         self._pending: dict[str, tuple[list[int], torch.Tensor | None]] = {}  # fast path: next drafts and their q
 
     @property
@@ -247,8 +254,10 @@ class SpecDecoder:
         reqs, ks, chunks = self.plan_round(self.running)
         if not reqs:
             return []
-        fast = [r for r, c in zip(reqs, chunks) if c is None and self._fused_ready(r)]
-        slow = [(r, k, c) for r, k, c in zip(reqs, ks, chunks) if not (c is None and self._fused_ready(r))]
+        plain = self.fused_plain is not None and len(self.requests) > self.config.spec_max_batch
+        ready = self._plain_ready if plain else self._fused_ready
+        fast = [r for r, c in zip(reqs, chunks) if c is None and ready(r)]
+        slow = [(r, k, c) for r, k, c in zip(reqs, ks, chunks) if not (c is None and ready(r))]
         eager = []
         for r, _, _ in slow:  # left the fast path (e.g. near the end of its context): its drafter state is stale
             self._pending.pop(r.request_id, None)
@@ -258,7 +267,7 @@ class SpecDecoder:
                 fast.append(r)
             else:
                 eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
-        outputs = self._fused_round(fast) if fast else []
+        outputs = self._fused_round(fast, self.fused_plain if plain else self.fused) if fast else []
         return outputs + (self.run_round(eager) if eager else [])
 
     # ------------------------------------------------------------------ the fast path
@@ -268,6 +277,14 @@ class SpecDecoder:
             return False
         return self.fused.k == 0 or r.request_id in self._pending
 
+    def _plain_ready(self, r: Request) -> bool:
+        """On the plain fast path this round (a large batch): decoding, room for a round, and a graph drafter's
+        state in step (the request has been on the fast path before)."""
+        f = self.fused_plain
+        if self.unseen(r) != 1 or not f.fits(len(r.token_ids)):
+            return False
+        return f.drafter is None or r.request_id in self._pending
+
     def _fused_takes(self, r: Request, item: RoundItem) -> bool:
         """A request the drafter has just drafted a full k for (with their q when it samples) moves to the
         fast path."""
@@ -276,17 +293,18 @@ class SpecDecoder:
                 and (r.params.greedy or item.probs is not None)
                 and f.fits(len(r.token_ids)) and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
-    def _fused_round(self, reqs: list[Request]) -> list[RequestOutput]:
-        k = self.fused.k
+    def _fused_round(self, reqs: list[Request], fused: FusedRounds) -> list[RequestOutput]:
+        k = fused.k
         rows = []
         for r in reqs:
             drafts, q = self._pending.get(r.request_id, ([], None))
-            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, max(0, min(k, r.room() - 1)), q,
-                                 None if r.params.greedy else self._generator(r)))
-        results = self.fused.run(rows)
+            n = max(0, min(k, r.room() - 1)) if len(drafts) == k else 0  # none in hand after a plain round
+            rows.append(FusedRow(r.request_id, r.token_ids, list(drafts[:k]) + [0] * (k - len(drafts[:k])), r.params,
+                                 n, q if n else None, None if r.params.greedy else self._generator(r)))
+        results = fused.run(rows)
         outputs = []
-        for r, res in zip(reqs, results):
-            drafted = min(k, r.room() - 1)  # as the eager round: at most room - 1 drafts (the rest cannot be kept)
+        for r, row, res in zip(reqs, rows, results):
+            drafted = row.num_draft
             accepted = res.num_accepted
             r.rounds += 1
             r.accepted += accepted
@@ -295,7 +313,7 @@ class SpecDecoder:
             outputs.append(r.output(kept, delta, accepted, drafted))
             if r.finished:
                 self._finish(r)
-            elif k:
+            elif k or fused.drafter is not None:
                 self._pending[r.request_id] = (res.next_drafts, res.next_q)
         return outputs
 
