@@ -79,8 +79,9 @@ def _timed_decoder(model: LoadedModel, config: EngineConfig, draft: str) -> tupl
     decoder.target.run = timer.wrap("verify", decoder.target.run)
     if decoder.drafter is not None:
         decoder.drafter.propose = timer.wrap("draft", decoder.drafter.propose)
-    if decoder.fused is not None:
-        decoder.fused.run = timer.wrap("fused", decoder.fused.run)
+    for fused in (decoder.fused, decoder.fused_plain):
+        if fused is not None:
+            fused.run = timer.wrap("fused", fused.run)
     decoder.step = timer.wrap("round", decoder.step)
     return decoder, timer
 
@@ -125,7 +126,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                     committed += o.accepted + o.rounds
     elapsed = now_synced() - start
     return {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
-            "fused_rounds": decoder.fused is not None,
+            "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
             "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),

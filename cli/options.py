@@ -36,9 +36,25 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
     g.add_argument("--enforce-eager", action="store_true",
                    help="run every forward eagerly: no CUDA graphs for decode steps (default: graphs on cuda)")
     g.add_argument("--no-fused-rounds", action="store_true",
-                   help="greedy rounds step by step (a graph per forward, the drafter eager) instead of one graph "
-                        "per round: verify, accept and the next drafts (default: fused wherever graphs are on and "
-                        "the drafter can draft in a graph, i.e. none or the EAGLE head)")
+                   help="rounds step by step (a graph per forward, the drafter eager) instead of one graph per round: "
+                        "verify, accept (greedy or rejection sampling) and the next drafts (default: fused wherever "
+                        "graphs are on and the drafter can draft in a graph, i.e. none or the EAGLE head)")
+    g.add_argument("--spec-max-batch", type=_limit, default=8, metavar="N|none",
+                   help="fused rounds speculate only while at most N requests run; larger batches decode plainly "
+                        "(a verify of k + 1 tokens per row costs more there than the drafts save), the drafter "
+                        "still catching up so they speculate again when the batch shrinks (default 8; none: always)")
+
+
+def _limit(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or none, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or none, got {n}")
+    return n
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -61,7 +77,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         kv_cache_tokens=args.kv_cache_tokens, max_batch_size=args.max_batch_size,
                         k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens,
                         cuda_graphs=False if getattr(args, "enforce_eager", False) else None,
-                        fused_rounds=False if getattr(args, "no_fused_rounds", False) else None)
+                        fused_rounds=False if getattr(args, "no_fused_rounds", False) else None,
+                        spec_max_batch=getattr(args, "spec_max_batch", 8))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from gateway.clients import DrafterClient, VerifierClient, channel

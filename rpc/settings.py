@@ -40,6 +40,8 @@ class EngineSettings(ServerSettings):
     max_round_tokens: int | None = Field(None, ge=16, description="token budget of one target forward (chunked "
                                                                    "prefill); none: no budget")
     enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
+    spec_max_batch: int | None = Field(8, ge=0, description="fused rounds speculate only while at most this many "
+                                                             "requests run (none: always)")
 
     @model_validator(mode="after")
     def _k_within_max(self):
@@ -55,7 +57,7 @@ class EngineSettings(ServerSettings):
                             kv_cache_tokens=self.kv_cache_tokens, max_batch_size=self.max_batch_size,
                             max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m,
                             max_round_tokens=self.max_round_tokens,
-                            cuda_graphs=False if self.enforce_eager else None)
+                            cuda_graphs=False if self.enforce_eager else None, spec_max_batch=self.spec_max_batch)
 
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:
