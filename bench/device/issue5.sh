@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 5's GPU checks and numbers, in two device calls back to back (after staging, see
+# ../shared/device/README.md):
+#   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=A bash bench/device/issue5.sh
+#   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=B bash bench/device/issue5.sh
+# A: the GPU tests (kernels, graphs, sampling in fused rounds), a step and a fused-round profile, and
+#    tandem bench at batch 1 and 4 (16 prompts per dataset); B: tandem bench at batch 16 and 64 (64 prompts),
+#    speculation forced on at those sizes (--spec-max-batch none, why the default stops at 8), the
+#    transformers baselines at batch 1, and a Poisson arrival load with and without a round token budget.
+# torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
+set -uo pipefail
+export TANDEM_CACHE=${TANDEM_CACHE:-/root/stage/payload} TQDM_MININTERVAL=${TQDM_MININTERVAL:-60}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
+SECONDS=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+bench() {  # seconds, name, flags...
+  timeout "$1" python3 -m cli.main bench --name "$2" --max-tokens 128 --attention torch --device cuda \
+    --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
+  grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
+}
+if [ "${PART:-A}" = A ]; then
+  timeout "${TESTS_S:-210}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py \
+    tests/gpu/test_gpu_fused_sampling.py > "$OUT/gpu-tests.log" 2>&1
+  tail -5 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  timeout 60 python3 -m bench.step_profile --batch 1 --q-len 1 --iters 100 --out "$OUT/step.json" 2>&1 | grep -v Warn
+  timeout 90 python3 -m bench.step_profile --round auto --batch 1,64 --iters 50 --out "$OUT/round-auto.json" 2>&1 \
+    | grep -v Warn
+  echo "profiles done at $SECONDS s"
+  bench 200 "$name-bs1-4" --drafts none,auto --baselines none --temperatures 0,0.7 --dataset humaneval,sharegpt \
+    --num-prompts 16 --batch-sizes 1,4
+else
+  bench 150 "$name-bs16-64" --drafts none,auto --baselines none --temperatures 0,0.7 --dataset humaneval,sharegpt \
+    --num-prompts 64 --batch-sizes 16,64
+  bench 60 "$name-always-spec" --drafts auto --baselines none --temperatures 0 --dataset humaneval \
+    --num-prompts 64 --batch-sizes 16,64 --spec-max-batch none
+  bench 200 "$name-hf" --drafts none,auto --baselines hf-eager,hf-static-compile,hf-prompt-lookup --temperatures 0 \
+    --dataset humaneval --num-prompts 4 --batch-sizes 1
+  bench 100 "$name-arrivals" --drafts none,auto --baselines none --temperatures 0 --dataset sharegpt \
+    --num-prompts 48 --batch-sizes 16 --arrival-rate 24 --round-token-budgets 0,256
+fi
+echo "done in $SECONDS s"
