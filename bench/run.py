@@ -9,6 +9,7 @@ acceptance_length, speedup_vs_plain, plus what is needed to reproduce the number
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import platform
 import subprocess
@@ -125,13 +126,19 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                     rounds += o.rounds
                     committed += o.accepted + o.rounds
     elapsed = now_synced() - start
-    return {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
+    row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
             "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
             **clock.summary(), "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
+    # the decoder (KV caches, graph pools) holds cycles through its timed wrappers: free it before the next case
+    del decoder, timer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
 
 
 def add_speedups(rows: list[dict]) -> list[dict]:

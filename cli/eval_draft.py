@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     ks = list(dict.fromkeys(args.k))
     temperatures = list(dict.fromkeys(args.temperature))
     config = engine_config(argparse.Namespace(**{**vars(args), "k": max(ks)}))
-    config = dataclasses.replace(config, max_batch_size=max(config.max_batch_size, args.batch_size))
+    # every round speculates here, whatever the batch: acceptance is what is measured
+    config = dataclasses.replace(config, max_batch_size=max(config.max_batch_size, args.batch_size), spec_max_batch=None)
     out = Path(args.out) if args.out else \
         Path("bench/results") / f"eval-draft-{args.name or f'{config.device}-{config.dtype}'.replace(':', '')}.json"
 

@@ -111,9 +111,9 @@ class EngineConfig:
     max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
     cuda_graphs: bool | None = None  # plain decode steps through captured graphs; None: on for cuda, off for cpu
     fused_rounds: bool | None = None  # rounds as one graph each (engine/fused_round.py); None: with cuda_graphs
-    # fused rounds speculate only while at most this many requests run; beyond it they decode plainly (the drafter
-    # still catching up), where a verify of k + 1 tokens per row costs more than the drafts save; None: always
-    spec_max_batch: int | None = 8
+    # fused rounds speculate only while at most this many requests run: a request running while more do decodes
+    # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
+    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 8
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",

@@ -14,9 +14,7 @@ target's KV, at position L) and k pending drafts, and in one graph
 Outputs land in one ``[R, 2k + 2]`` buffer (committed tokens, accepted count, next drafts) that the
 host reads once per round; the next drafts' q (sampled rows) stays on the device until the next
 round verifies them, and everything else the next round needs stays in the two KV caches.
-With k = 0 it is plain decoding (greedy or sampled) through one graph per step; a drafter given with
-k = 0 still catches up on each committed token (its state stays in step with the target, so its
-requests can speculate again in a later round, drafts in hand after one round with none to verify).
+With k = 0 and no drafter it is plain decoding (greedy or sampled) through one graph per step.
 
 Randomness never comes from inside a graph: a sampled row's coins (``coin_width`` uniforms and one
 row of Exponential(1) noise per round, as the eager round draws them) come from the request's own
@@ -142,14 +140,13 @@ class _RoundGraph:
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
                  max_context: int, capture: bool, coin_width: int) -> None:
-        """coin_width: uniforms a sampled request draws per round (the engine's max_k, as the eager round).
-        drafter: one that drafts inside a graph (graph_rounds), needed for k > 0; with k = 0 it only catches up."""
-        if (k and drafter is None) or (drafter is not None and not drafter.graph_rounds):
+        """coin_width: uniforms a sampled request draws per round (the engine's max_k, as the eager round)."""
+        if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         self.target, self.drafter, self.k = target, drafter, k
         self.capture = capture
         self.coin_width = max(coin_width, k)
-        self.aux_layers = tuple(drafter.target_features) if drafter is not None else ()
+        self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
         self.max_context = max_context
@@ -243,7 +240,7 @@ class FusedRounds:
         if mode != Mode.GREEDY:
             sampling = RoundSampling.allocate(rows, self.k, self.coin_width, t.vocab_size, mode == Mode.FILTERED,
                                               t.device)
-        program = None if self.drafter is None else self.drafter.round_program(rows, self.k, blocks, sampling is not None)
+        program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
         inputs[:, self.k + 1] = self.k
         g = _RoundGraph(attn, program, inputs, sampling)

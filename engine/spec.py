@@ -74,18 +74,18 @@ class SpecDecoder:
         self._ids = itertools.count()
         self._reserved_blocks = 0
         # the fast path: rounds as one graph each; requests in it keep their next drafts here. ``fused`` speculates
-        # (k drafts per row), ``fused_plain`` decodes plainly: the rounds of a batch above spec_max_batch, its
-        # graph drafter (EAGLE) still catching up so those requests can speculate again when the batch shrinks
+        # (k drafts per row, or plain with no drafter), ``fused_plain`` decodes the requests of ``_plain`` plainly:
+        # every request that was running while more than spec_max_batch ran (it stays plain to its end)
         self.fused: FusedRounds | None = None
         self.fused_plain: FusedRounds | None = None
+        self._plain: set[str] = set()
         if config.use_fused_rounds:
-            graph_drafter = drafter if drafter is not None and drafter.graph_rounds else None
             fused = lambda k, d: FusedRounds(target, d, k, config.max_batch_size, self.max_context,  # noqa: E731
                                              capture=target.device.type == "cuda", coin_width=config.max_k)
-            if drafter is None or config.k == 0 or graph_drafter is not None:
-                self.fused = fused(config.k if drafter is not None else 0, graph_drafter if config.k else None)
+            if drafter is None or config.k == 0 or drafter.graph_rounds:
+                self.fused = fused(config.k if drafter is not None else 0, drafter if config.k else None)
             if drafter is not None and config.k and config.spec_max_batch is not None:
-                self.fused_plain = fused(0, graph_drafter)
+                self.fused_plain = fused(0, None)
         self._pending: dict[str, tuple[list[int], torch.Tensor | None]] = {}  # fast path: next drafts and their q
 
     @property
@@ -177,6 +177,7 @@ class SpecDecoder:
     def _finish(self, r: Request) -> None:
         del self.requests[r.request_id]
         self._pending.pop(r.request_id, None)
+        self._plain.discard(r.request_id)
         self._reserved_blocks -= self._blocks_needed(r)
         self.target.free(r.request_id)
         if self.drafter is not None:
@@ -188,6 +189,8 @@ class SpecDecoder:
     # ------------------------------------------------------------------ the round
     def draft_len(self, r: Request, k: int | None = None) -> int:
         """Draft tokens this request may take this round: its k, capped by the room left."""
+        if r.request_id in self._plain:
+            return 0
         if k is None:
             k = self.config.k if r.params.k is None else r.params.k
         return max(0, min(k, self.config.max_k, r.room() - 1))
@@ -251,13 +254,18 @@ class SpecDecoder:
         decoding requests on the fast path in one fused round, the others (prefills, a request's first
         drafts) in an eager round beside it."""
         self._admit()
+        if self.fused_plain is not None and len(self.requests) > self.config.spec_max_batch:
+            for rid in self.requests.keys() - self._plain:  # a large batch: these decode plainly from now on
+                self._plain.add(rid)
+                self._pending.pop(rid, None)
+                self.drafter.release(rid)
         reqs, ks, chunks = self.plan_round(self.running)
         if not reqs:
             return []
-        plain = self.fused_plain is not None and len(self.requests) > self.config.spec_max_batch
-        ready = self._plain_ready if plain else self._fused_ready
-        fast = [r for r, c in zip(reqs, chunks) if c is None and ready(r)]
-        slow = [(r, k, c) for r, k, c in zip(reqs, ks, chunks) if not (c is None and ready(r))]
+        plain = [r for r, c in zip(reqs, chunks) if c is None and self._plain_ready(r)]
+        fast = [r for r, c in zip(reqs, chunks) if c is None and self._fused_ready(r)]
+        slow = [(r, k, c) for r, k, c in zip(reqs, ks, chunks)
+                if not (c is None and (self._fused_ready(r) or self._plain_ready(r)))]
         eager = []
         for r, _, _ in slow:  # left the fast path (e.g. near the end of its context): its drafter state is stale
             self._pending.pop(r.request_id, None)
@@ -267,23 +275,22 @@ class SpecDecoder:
                 fast.append(r)
             else:
                 eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
-        outputs = self._fused_round(fast, self.fused_plain if plain else self.fused) if fast else []
+        outputs = self._fused_round(fast, self.fused) if fast else []
+        outputs += self._fused_round(plain, self.fused_plain) if plain else []
         return outputs + (self.run_round(eager) if eager else [])
 
     # ------------------------------------------------------------------ the fast path
     def _fused_ready(self, r: Request) -> bool:
         """On the fast path this round: decoding, its drafts (if any) in hand, room for a round."""
-        if self.fused is None or self.unseen(r) != 1 or not self.fused.fits(len(r.token_ids)):
+        if (self.fused is None or r.request_id in self._plain or self.unseen(r) != 1
+                or not self.fused.fits(len(r.token_ids))):
             return False
         return self.fused.k == 0 or r.request_id in self._pending
 
     def _plain_ready(self, r: Request) -> bool:
-        """On the plain fast path this round (a large batch): decoding, room for a round, and a graph drafter's
-        state in step (the request has been on the fast path before)."""
-        f = self.fused_plain
-        if self.unseen(r) != 1 or not f.fits(len(r.token_ids)):
-            return False
-        return f.drafter is None or r.request_id in self._pending
+        """On the plain fast path this round: a request of a large batch, decoding, with room for a round."""
+        return (r.request_id in self._plain and self.unseen(r) == 1
+                and self.fused_plain.fits(len(r.token_ids)))
 
     def _fused_takes(self, r: Request, item: RoundItem) -> bool:
         """A request the drafter has just drafted a full k for (with their q when it samples) moves to the
@@ -298,9 +305,8 @@ class SpecDecoder:
         rows = []
         for r in reqs:
             drafts, q = self._pending.get(r.request_id, ([], None))
-            n = max(0, min(k, r.room() - 1)) if len(drafts) == k else 0  # none in hand after a plain round
-            rows.append(FusedRow(r.request_id, r.token_ids, list(drafts[:k]) + [0] * (k - len(drafts[:k])), r.params,
-                                 n, q if n else None, None if r.params.greedy else self._generator(r)))
+            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, max(0, min(k, r.room() - 1)), q,
+                                 None if r.params.greedy else self._generator(r)))
         results = fused.run(rows)
         outputs = []
         for r, row, res in zip(reqs, rows, results):
@@ -313,7 +319,7 @@ class SpecDecoder:
             outputs.append(r.output(kept, delta, accepted, drafted))
             if r.finished:
                 self._finish(r)
-            elif k or fused.drafter is not None:
+            elif k:
                 self._pending[r.request_id] = (res.next_drafts, res.next_q)
         return outputs
 

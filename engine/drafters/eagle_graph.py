@@ -9,8 +9,7 @@ bonus token) the head
    shape; entries past L + a + 1 hold placeholders, are never attended by a committed entry and
    are overwritten later; only the output of entry L + a + 1 (gathered per row) goes on to the LM
    head: draft 1;
-2. drafts: k - 1 single-token steps, entry L + a + 1 + j fed draft j and the previous output
-   (with k = 0, a plain round, the head only catches up).
+2. drafts: k - 1 single-token steps, entry L + a + 1 + j fed draft j and the previous output.
 All of it reads lengths derived on the device from ``num_accepted``; the host only grows each
 request's head KV before the round (to L + 2k) and cuts it to the committed length after.
 In a sampling round every draft is picked as ``DraftSampler.pick`` picks it (``pick_in_graph``:
@@ -55,10 +54,9 @@ class EagleProgram:
 
     def load(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
         alloc, k = self.allocator, self.k
-        need = max(2 * k, k + 1)
         for rid, length, _ in rows:  # room for the catch-up (to L + k + 1) and the draft steps (to L + 2k)
-            if alloc.length(rid) < length + need:
-                alloc.extend(rid, length + need)
+            if alloc.length(rid) < length + 2 * k:
+                alloc.extend(rid, length + 2 * k)
         self.catch.set_rows([alloc.block_table(rid) for rid, _, _ in rows], [length + k + 1 for _, length, _ in rows])
         if self.noise is not None:
             for i, (rid, _, params) in enumerate(rows):
@@ -83,8 +81,6 @@ class EagleProgram:
         positions = (kv_lens[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)  # L .. L + k
         tokens = committed.clamp(min=0).reshape(-1)                             # placeholders -> any id
         out = head(tokens, positions, self.catch, head.fuse_features(aux))      # [R*(k+1), H]
-        if k == 0:  # a plain round: the head only catches up
-            return committed.new_zeros(self.rows, 0), None
         g = out.view(self.rows, k + 1, -1)[self._rows, num_accepted]             # entry L + a + 1: [R, H]
         d, q = self._pick(head.compute_logits(g), 0, sampling)
         drafts, qs = [d], [q]

@@ -112,19 +112,18 @@ def test_abort_on_the_fast_path_frees_the_target_and_head_kv(smollm, prompts):
     assert PAD_SEQ in target and PAD_SEQ in head  # the scratch blocks stay reserved
 
 
-def test_batches_above_spec_max_batch_decode_plainly_and_speculate_again_when_they_shrink(smollm, prompts):
-    """Four requests with spec_max_batch 1: plain fused rounds (the head catching up) while more than one
-    runs, speculative rounds once one is left; greedy output stays the target's, sampled output completes."""
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 9, 12)]
-    params.append(SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.8, seed=2))
-    want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts[:3], params[:3])
-    dec = _fused(smollm, "auto", 4, spec_max_batch=1)
-    got = dec.generate(prompts, params)
-    assert [o.new_token_ids for o in got[:3]] == [o.new_token_ids for o in want]
-    assert len(got[3].new_token_ids) == 40
-    assert dec.fused_plain._graphs and dec.fused._graphs  # both paths ran
-    assert got[3].accepted > 0  # alone at the end, it speculated (its first spec round verified no drafts)
-    # the greedy requests ended while four ran: plain rounds only after their first drafts
-    assert all(o.accepted == 0 or o.drafted <= 4 for o in got[:3])
-    plain = make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=None)
-    assert plain.fused_plain is None
+def test_requests_of_a_batch_above_spec_max_batch_decode_plainly(smollm, prompts):
+    """spec_max_batch 2 and three requests: all three decode plainly to their end through the plain graph (no
+    drafts, the head's state released), greedy output the target's; a request that later runs alone speculates."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 9)]
+    params.append(SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=2))
+    want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts[:2], params[:2])
+    dec = _fused(smollm, "auto", 4, spec_max_batch=2)
+    got = dec.generate(prompts[:3], params)
+    assert [o.new_token_ids for o in got[:2]] == [o.new_token_ids for o in want]
+    assert len(got[2].new_token_ids) == 12
+    assert all(o.drafted == 0 for o in got) and dec.fused_plain._graphs and not dec.fused._graphs
+    assert not dec._plain and set(dec.drafter.runner.allocator._seqs) <= {PAD_SEQ}  # no head state left behind
+    alone = dec.generate(prompts[3:], SamplingParams(max_tokens=24, ignore_eos=True))
+    assert alone[0].accepted > 0 and dec.fused._graphs
+    assert make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True).fused_plain is None  # default: off
