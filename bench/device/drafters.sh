@@ -5,12 +5,8 @@
 #    target's answers to 6,000 ShareGPT prompts < 15800); 2) eval-draft on the H100 of that LM and the
 #    shipped default (auto), then n-gram and layer-skip with the time left before $CALL_S: k 2,4,6,
 #    T 0 and 0.7, ShareGPT >= 16000 and HumanEval, 32 prompts each, 128 new tokens.
-set -uo pipefail
-export TANDEM_CACHE=${TANDEM_CACHE:-/root/stage/payload} TQDM_MININTERVAL=${TQDM_MININTERVAL:-60}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 tandem=(python3 -m cli.main)
-SECONDS=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 "${tandem[@]}" train-draft --kind lm --layers 4 --out /root/stage/lm --time-budget "${LM_S:-200}" \
   --corpus train/data/smollm2-135m-instruct-6000.npz --val-prompts 32 --eval-every 100000 2>&1 \
   | tee "$OUT/lm.log" | tr '\r' '\n' | grep -E '^(train-draft|step|\{|  ")' | tail -12

@@ -7,12 +7,8 @@
 # for the prompts, so no flashinfer JIT; $ROUNDS: fused-round profiles per drafter); with AB=1 the same again with --no-fused-rounds; 4) with time
 # left before $CALL_S, eval-draft of the default drafter at k = 4 (issue 4).
 # Everything lands under $OUT; each step has its own time limit so a slow one cannot eat the call.
-set -uo pipefail
-export TANDEM_CACHE=${TANDEM_CACHE:-/root/stage/payload} TQDM_MININTERVAL=${TQDM_MININTERVAL:-60}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 tandem=(python3 -m cli.main)
-SECONDS=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [ "${TESTS:-}" != none ]; then
   timeout "${TESTS_S:-170}" python3 -m pytest -q ${TESTS:-tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py} \
     > "$OUT/gpu-tests.log" 2>&1

@@ -11,12 +11,8 @@
 #    pass first so every kernel specialization and graph bucket has been compiled once on the machine, then
 #    the measured pass (64 prompts per dataset).
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
-set -uo pipefail
-export TANDEM_CACHE=${TANDEM_CACHE:-/root/stage/payload} TQDM_MININTERVAL=${TQDM_MININTERVAL:-60}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
-SECONDS=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 bench() {  # seconds, name, flags...
   timeout "$1" python3 -m cli.main bench --name "$2" --max-tokens 128 --attention torch --device cuda \
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1

@@ -19,7 +19,6 @@ import torch
 
 from engine.config import SamplingParams
 from engine.fused_round import Mode
-from engine.models.loader import load_model
 from tests.conftest import make_decoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -27,11 +26,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 TEXTS = ["Hi!", "List the first ten prime numbers, separated by commas.",
          "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
          "Summarize the plot of Romeo and Juliet in five bullet points."]
-
-
-@pytest.fixture(scope="module")
-def f32(smollm_path):
-    return load_model(smollm_path, device="cuda", dtype=torch.float32, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from engine.config import SamplingParams
-from engine.models.loader import load_model
 from engine.runner import Chunk
 from tests.conftest import make_decoder
 
@@ -24,11 +23,6 @@ TEXTS = ["Hi!", "List the first ten prime numbers, separated by commas.",
          "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
          "Summarize the plot of Romeo and Juliet in five bullet points.",
          "Explain recursion to a child.", "What is the capital of Australia? Answer in one sentence."]
-
-
-@pytest.fixture(scope="module")
-def f32(smollm_path):
-    return load_model(smollm_path, device="cuda", dtype=torch.float32, progress=False)
 
 
 @pytest.fixture(scope="module")
