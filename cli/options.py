@@ -38,7 +38,7 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
     g.add_argument("--no-fused-rounds", action="store_true",
                    help="rounds step by step (a graph per forward, the drafter eager) instead of one graph per round: "
                         "verify, accept (greedy or rejection sampling) and the next drafts (default: fused wherever "
-                        "graphs are on and the drafter can draft in a graph, i.e. none or the EAGLE head)")
+                        "graphs are on and the drafter can draft in a graph: none, the EAGLE head, a draft LM, layer-skip)")
     g.add_argument("--spec-max-batch", type=_limit, default=8, metavar="N|none",
                    help="fused rounds speculate only while at most N requests run; larger batches decode plainly "
                         "(a verify of k + 1 tokens per row costs more there than the drafts save), the drafter "

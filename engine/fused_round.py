@@ -195,7 +195,7 @@ class FusedRounds:
             a = row[k + 1]
             alloc.truncate(r.request_id, length + a + 1)
             if g.program is not None:
-                g.program.commit(r.request_id, length + a + 1)
+                g.program.commit(r.request_id, length + a + 2)  # tokens committed
             q = g.q_out[i] if g.q_out is not None and not r.params.greedy else None
             results.append(RowResult(row[: a + 1], a, row[k + 2:], q))
         return results

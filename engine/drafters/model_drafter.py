@@ -4,6 +4,9 @@ The drafter owns a ``ModelRunner`` with its own paged KV cache. Per call and req
 (1) rolls its KV back to the longest prefix it shares with the committed tokens, (2) catches
 up on the committed tokens it has not seen (one batched forward, which is also its prefill),
 then (3) runs k-1 single-token steps. Tokens and q come from ``DraftSampler``.
+
+Inside a fused round (``graph_rounds``) the same three steps run in the round's graph
+(``ModelProgram``): entry p of its KV is the token at position p.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
+from engine.attention.static import StaticAttention
 from engine.drafters.base import DraftProposal, DraftRequest
 from engine.drafters.draft_sampling import DraftSampler
+from engine.drafters.graph_program import GraphDraftProgram
 from engine.models.llama import LlamaForCausalLM
 from engine.runner import Chunk, ModelRunner
 
@@ -30,13 +35,23 @@ class ModelDrafter:
     deterministic = False
     target_features: tuple[int, ...] = ()
     feature_size = 0
-    graph_rounds = False  # not yet inside a fused round's graph: its rounds run eagerly
+    graph_rounds = True  # ModelProgram
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
         self.runner = ModelRunner(model, config)
         self.sampler = DraftSampler(target_vocab, config.draft_top_m, config.device)
+        self.draws_per_round = config.k  # a fused round draws k noise rows per sampled request
         self._states: dict[str, _State] = {}
+
+    def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False) -> "ModelProgram":
+        return ModelProgram(self, rows, k, max_blocks, sampled)
+
+    def graph_ready(self, request_id: str, committed: int) -> bool:
+        """After ``propose``: this drafter's KV holds every committed token at its position (and the draft
+        chain past them), what a fused round continues from; from then on the rounds keep the KV."""
+        st = self._states.get(request_id)
+        return st is not None and len(st.cached) >= committed
 
     @classmethod
     def layer_skip(cls, target: LlamaForCausalLM, num_layers: int, config: EngineConfig) -> "ModelDrafter":
@@ -50,6 +65,9 @@ class ModelDrafter:
 
     def _catch_up(self, r: DraftRequest) -> list[int]:
         st = self._states.setdefault(r.request_id, _State())
+        if self.runner.length(r.request_id) != len(st.cached):  # fused rounds moved the KV on: start over
+            self.runner.free(r.request_id)
+            st.cached.clear()
         tokens = r.token_ids
         limit = min(len(st.cached), len(tokens) - 1)  # always re-feed at least the last token
         # longest common prefix, vectorized (the context may also have been rolled back by the caller)
@@ -85,5 +103,22 @@ class ModelDrafter:
             for i in active:
                 self._states[requests[i].request_id].cached.append(drafts[i][-1])
                 chunks.append(Chunk(requests[i].request_id, [drafts[i][-1]]))
+        self.sampler.skip(requests, [len(d) for d in drafts], self.draws_per_round)
         return DraftProposal(token_ids=drafts, probs=probs)
+
+
+class ModelProgram(GraphDraftProgram):
+    """A draft LM's (or layer-skip view's) part of a fused round: entry p is the token at position p."""
+
+    first_position = 0
+
+    def __init__(self, drafter: ModelDrafter, rows: int, k: int, max_blocks: int, sampled: bool = False) -> None:
+        super().__init__(drafter.runner, drafter.sampler, rows, k, max_blocks, sampled)
+        self.model = drafter.runner.model
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra) -> torch.Tensor:
+        return self.model(tokens, positions, attn)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.sampler.fit_vocab(self.model.compute_logits(hidden))
 

@@ -33,7 +33,7 @@ def _fused(smollm, draft, k, **kw):
     return dec
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
 def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
     # different lengths, EOS honoured: rows leave the batch at different rounds
     params = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((20, 33, 27, 40))]
@@ -70,7 +70,7 @@ def test_requests_join_between_fused_rounds_beside_sampled_ones(smollm, prompts)
     assert list(tokens.values()) == [o.new_token_ids for o in want]
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
 def test_sampled_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
     """Seeded sampled requests (temperature alone; top-k and top-p) beside a greedy one, in one batch."""
     params = [SamplingParams(max_tokens=21, ignore_eos=True, temperature=0.8, seed=11),
@@ -85,8 +85,8 @@ def test_sampled_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, dr
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
         assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
         assert {key[2] for key in dec.fused._graphs} >= {Mode.FILTERED if filters else Mode.SAMPLED}
-    if k:
-        assert sum(o.accepted for o in got[:1] + got[2:]) > 0  # sampled drafts were accepted in the graph
+    if draft == "auto":  # the trained head's sampled drafts were accepted in the graph (layer-skip's rarely are)
+        assert sum(o.accepted for o in got[:1] + got[2:]) > 0
 
 
 def test_a_request_near_the_end_of_its_context_leaves_the_fast_path(smollm, prompts):

@@ -1,0 +1,118 @@
+"""A drafter's part of a fused round (engine/fused_round.py): catch-up and k drafts on the device.
+
+Shared by every drafter that drafts inside the round's graph; a subclass says what one forward of
+its model is. Rows: R requests; L = a row's committed tokens before its last (t0, at position L).
+The round's verify committed c_0 .. c_a (accepted drafts, then the recovered or bonus token) at
+positions L + 1 .. L + a + 1. The drafter's KV holds one entry per position from ``first_position``
+on, so entry p lives at KV index p - first_position. In the graph it
+1. catches up: entries L + 1 .. L + k + 1, tokens c_0 .. c_k -- a fixed shape; entries past
+   L + a + 1 hold placeholders, are never attended by a committed entry and are overwritten later;
+   only the output of entry L + a + 1 (gathered per row) goes on to the LM head: draft 1;
+2. drafts: k - 1 single-token steps, entry L + a + 1 + j fed draft j.
+Every length is derived on the device from ``num_accepted``; the host only grows each request's
+KV before the round (to L + 2k entries) and cuts it to the committed length after. In a sampling
+round every draft is picked as ``DraftSampler.pick`` picks it (``pick_in_graph``: argmax for greedy
+rows, the exponential race over q for sampled ones) with noise the host drew from the request's
+drafting stream into ``noise`` before the replay, k rows per round, the draws the eager drafter
+would make; the q of each draft goes back with the drafts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from engine.attention.static import StaticAttention
+from engine.config import SamplingParams
+from engine.drafters.draft_sampling import DraftSampler, pick_in_graph
+from engine.graphs import PAD_SEQ
+
+if TYPE_CHECKING:
+    from engine.fused_round import RoundSampling
+    from engine.runner import ModelRunner
+
+
+class GraphDraftProgram:
+    first_position: int = 0  # the position of KV entry 0
+
+    def __init__(self, runner: "ModelRunner", sampler: DraftSampler, rows: int, k: int, max_blocks: int,
+                 sampled: bool) -> None:
+        self.runner, self.sampler, self.device = runner, sampler, runner.device
+        self.allocator, self.k, self.rows = runner.allocator, k, rows
+        if PAD_SEQ not in self.allocator:
+            self.allocator.extend(PAD_SEQ, 1)
+        scratch = self.allocator.block_table(PAD_SEQ)[0]
+        heads = runner.model.config.num_heads
+        self.catch = StaticAttention(runner.cache, heads, rows, k + 1, max_blocks, scratch)
+        self.step = StaticAttention(runner.cache, heads, rows, 1, max_blocks, scratch)
+        self.step.block_table = self.catch.block_table  # one table serves every forward of the round
+        self._rows = torch.arange(rows, device=self.device)
+        self._offsets = torch.arange(k + 1, device=self.device)
+        # [R, k, V] Exponential(1) noise for sampled rows
+        self.noise = torch.ones(rows, k, sampler.target_vocab, device=self.device) if sampled else None
+
+    # ------------------------------------------------------------------ what a subclass says
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra: Any
+                ) -> torch.Tensor:
+        """tokens, rotary positions [T] -> outputs [T, H]; ``extra``: the catch-up's ``catch_up_extra`` or, in a
+        draft step, the previous step's output rows (what a feature-fed head reads beside its token)."""
+        raise NotImplementedError
+
+    def catch_up_extra(self, aux: torch.Tensor | None) -> Any:
+        """What the catch-up's entries read beside their tokens, from the verify's aux features [R*(k+1), F]."""
+        return None
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> [N, V] float32 over the target's vocabulary."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ host side
+    def load(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
+        alloc, k, first = self.allocator, self.k, self.first_position
+        for rid, length, _ in rows:  # room for the catch-up (to L + k + 1) and the draft steps (to L + 2k)
+            if alloc.length(rid) < length + 2 * k + 1 - first:
+                alloc.extend(rid, length + 2 * k + 1 - first)
+        self.catch.set_rows([alloc.block_table(rid) for rid, _, _ in rows],
+                            [length + k + 2 - first for _, length, _ in rows])
+        if self.noise is not None:
+            for i, (rid, _, params) in enumerate(rows):
+                if not params.greedy:
+                    gen = self.sampler.generator(rid, params.seed, self.device)
+                    for j in range(k):
+                        self.noise[i, j].exponential_(generator=gen)
+
+    def commit(self, request_id: str, committed: int) -> None:
+        """After the round: keep the entries of the ``committed`` tokens (positions 0 .. committed - 1)."""
+        self.allocator.truncate(request_id, committed - self.first_position)
+
+    # ------------------------------------------------------------------ in the graph
+    def _pick(self, logits: torch.Tensor, j: int, s: "RoundSampling | None"
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if s is None:
+            return logits.argmax(-1), None
+        return pick_in_graph(logits, s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j], s.filtered,
+                             self.sampler.top_m)
+
+    def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
+              kv_lens: torch.Tensor, sampling: "RoundSampling | None" = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        k = self.k
+        kv = kv_lens + 1 - self.first_position                                  # entries up to L + k + 1
+        self.catch.kv_lens.copy_(kv)
+        self.catch.prepare()
+        positions = (kv_lens[:, None] - k + self._offsets[None, :]).reshape(-1)  # L + 1 .. L + k + 1
+        tokens = committed.clamp(min=0).reshape(-1)                             # placeholders -> any id
+        out = self.forward(tokens, positions - self.first_position, self.catch, self.catch_up_extra(aux))
+        g = out.view(self.rows, k + 1, -1)[self._rows, num_accepted]             # entry L + a + 1: [R, H]
+        d, q = self._pick(self.logits(g), 0, sampling)
+        drafts, qs = [d], [q]
+        base = kv - k + num_accepted                                            # entries held through L + a + 1
+        for j in range(1, k):
+            self.step.kv_lens.copy_(base + j)
+            self.step.prepare()
+            g = self.forward(d, base + j - 1, self.step, g)
+            d, q = self._pick(self.logits(g), j, sampling)
+            drafts.append(d)
+            qs.append(q)
+        return torch.stack(drafts, dim=1), None if sampling is None else torch.stack(qs, dim=1)
