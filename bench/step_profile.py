@@ -48,6 +48,20 @@ def _kernels(replay, top: int) -> tuple[int, float, list[dict]]:
     return count, total, rows[:top]
 
 
+def _replay_ms(replay, iters: int) -> float:
+    """GPU time of one ``replay()``, by CUDA events over ``iters`` replays after 10 warm ones."""
+    for _ in range(10):
+        replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: tuple[int, ...], top: int) -> dict:
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=max(batch, 1),
                        max_k=max(q_len - 1, 1), k=0, kv_cache_tokens=batch * (context + 64) + 4096)
@@ -60,16 +74,7 @@ def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: t
         runner.truncate(s, context)
     (bucket,) = runner.graphs._buckets.values()
     replay = bucket.graph.replay
-    for _ in range(10):
-        replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        replay()
-    end.record()
-    torch.cuda.synchronize()
-    replay_ms = start.elapsed_time(end) / iters
+    replay_ms = _replay_ms(replay, iters)
     t0 = time.perf_counter()
     for _ in range(iters // 4):
         runner.run(chunks, aux_layers=aux)
@@ -117,17 +122,12 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     round_ms = (time.perf_counter() - t0) * 1e3 / iters
     graphs = [g for g in dec.fused._graphs.values() if g.graph is not None]
     replay = max(graphs, key=lambda g: g.inputs.shape[0]).graph.replay  # rewrites the same slots: idempotent
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        replay()
-    end.record()
-    torch.cuda.synchronize()
+    replay_ms = _replay_ms(replay, iters)
     count, kernel_ms, top_rows = _kernels(replay, top)
     host_rows = _host_ops(dec.step, 3, top)
     return {"round": draft, "k": k, "batch": batch, "context": context, "fused_rounds_timed": len(run_s),
             "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
-            "replay_ms": round(start.elapsed_time(end) / iters, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
+            "replay_ms": round(replay_ms, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
             "top_kernels": top_rows, "top_host_ops": host_rows}
 
 

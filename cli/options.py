@@ -40,9 +40,9 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
                         "verify, accept (greedy or rejection sampling) and the next drafts (default: fused wherever "
                         "graphs are on and the drafter can draft in a graph: none, the EAGLE head, a draft LM, layer-skip)")
     g.add_argument("--spec-max-batch", type=_limit, default=8, metavar="N|none",
-                   help="fused rounds speculate only while at most N requests run; larger batches decode plainly "
-                        "(a verify of k + 1 tokens per row costs more there than the drafts save), the drafter "
-                        "still catching up so they speculate again when the batch shrinks (default 8; none: always)")
+                   help="fused rounds speculate only while at most N requests run: a request that runs while more "
+                        "do decodes plainly to its end (a verify of k + 1 tokens per row costs more there than the "
+                        "drafts save; default 8; none: always speculate)")
 
 
 def _limit(text: str) -> int | None:

@@ -67,7 +67,7 @@ class FusedRow:
     token_ids: Sequence[int]        # every committed token; the last (t0) is not yet in the target's KV
     drafts: Sequence[int]           # the k pending drafts (empty with k = 0)
     params: SamplingParams          # seed resolved
-    num_draft: int = -1             # drafts to verify, <= k: fewer near max_tokens, as the eager round (-1: k)
+    num_draft: int                  # drafts to verify, <= k: fewer near max_tokens, as the eager round
     q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
     generator: torch.Generator | None = None  # the request's coins (sampled rows)
 
@@ -92,6 +92,7 @@ class RoundSampling:
     uniforms: torch.Tensor     # [R, coin_width] float32: the round's acceptance coins
     noise: torch.Tensor        # [R, V] float32 Exponential(1): the recovered / bonus draw
     q_in: torch.Tensor | None  # [R, k, V] float32: q of the drafts being verified (k > 0)
+    zero_q: torch.Tensor | None  # [k, V] zeros: the q of a greedy row (any finite q; its result is unused)
     greedy: torch.Tensor | None = None       # [R] bool
     temperature: torch.Tensor | None = None  # [R] float32, 1 on greedy rows
     top_k: torch.Tensor | None = None        # [R] int64
@@ -102,7 +103,8 @@ class RoundSampling:
                  device: torch.device) -> "RoundSampling":
         params = torch.tensor([[1.0, 1.0, 0.0, 1.0]] * rows, device=device)
         return cls(filtered, params, torch.zeros(rows, coin_width, device=device), torch.ones(rows, vocab, device=device),
-                   torch.zeros(rows, k, vocab, device=device) if k else None)
+                   torch.zeros(rows, k, vocab, device=device) if k else None,
+                   torch.zeros(k, vocab, device=device) if k else None)
 
     def unpack(self) -> None:
         """Inside the graph: the parameter tensors every part of the round reads."""
@@ -121,9 +123,8 @@ class RoundSampling:
             if not r.params.greedy:
                 self.uniforms[i].uniform_(generator=r.generator)
                 self.noise[i].exponential_(generator=r.generator)
-        if self.q_in is not None:
-            zero = self.q_in.new_zeros(self.q_in.shape[1:])  # greedy rows: any finite q, their result is unused
-            self.q_in[:n].copy_(torch.stack([zero if r.params.greedy or r.q is None else r.q for r in rows]))
+        if self.q_in is not None:  # one gather straight into the buffer
+            torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])
 
 
 @dataclass
@@ -181,8 +182,8 @@ class FusedRounds:
             g.program.load([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
         inputs = torch.zeros(rows_b, k + 2, dtype=torch.long)
         inputs[:, k + 1] = k
-        inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, k if r.num_draft < 0 else r.num_draft]
-                                   for r in rows], dtype=torch.long).view(n, k + 2)
+        inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, r.num_draft] for r in rows],
+                                  dtype=torch.long).view(n, k + 2)
         g.inputs.copy_(inputs, non_blocking=True)
         if g.graph is not None:
             g.graph.replay()
@@ -213,9 +214,8 @@ class FusedRounds:
         committed, accepted = greedy_verify(drafts, num_draft, logits.argmax(-1).view(rows, k + 1))
         if s is not None:
             s.unpack()
-            per_pos = lambda x: x.repeat_interleave(k + 1)  # noqa: E731 - one value per verified position
-            probs = probs_from_logits(logits, per_pos(s.temperature), per_pos(s.top_k), per_pos(s.top_p),
-                                      s.filtered).view(rows, k + 1, -1)
+            per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
+            probs = probs_from_logits(logits, *per_position, s.filtered).view(rows, k + 1, -1)
             s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms[:, :k], s.noise)
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)

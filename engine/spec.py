@@ -80,8 +80,10 @@ class SpecDecoder:
         self.fused_plain: FusedRounds | None = None
         self._plain: set[str] = set()
         if config.use_fused_rounds:
-            fused = lambda k, d: FusedRounds(target, d, k, config.max_batch_size, self.max_context,  # noqa: E731
-                                             capture=target.device.type == "cuda", coin_width=config.max_k)
+            def fused(k: int, d: Drafter | None) -> FusedRounds:
+                return FusedRounds(target, d, k, config.max_batch_size, self.max_context,
+                                   capture=target.device.type == "cuda", coin_width=config.max_k)
+
             if drafter is None or config.k == 0 or drafter.graph_rounds:
                 self.fused = fused(config.k if drafter is not None else 0, drafter if config.k else None)
             if drafter is not None and config.k and config.spec_max_batch is not None:
@@ -262,10 +264,14 @@ class SpecDecoder:
         reqs, ks, chunks = self.plan_round(self.running)
         if not reqs:
             return []
-        plain = [r for r, c in zip(reqs, chunks) if c is None and self._plain_ready(r)]
-        fast = [r for r, c in zip(reqs, chunks) if c is None and self._fused_ready(r)]
-        slow = [(r, k, c) for r, k, c in zip(reqs, ks, chunks)
-                if not (c is None and (self._fused_ready(r) or self._plain_ready(r)))]
+        plain, fast, slow = [], [], []
+        for r, k, c in zip(reqs, ks, chunks):
+            if c is None and self._plain_ready(r):
+                plain.append(r)
+            elif c is None and self._fused_ready(r):
+                fast.append(r)
+            else:
+                slow.append((r, k, c))
         eager = []
         for r, _, _ in slow:  # left the fast path (e.g. near the end of its context): its drafter state is stale
             self._pending.pop(r.request_id, None)

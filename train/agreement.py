@@ -30,7 +30,7 @@ from engine.models.loader import load_model
 from engine.runner import ModelRunner
 from train import corpus
 from train.dense import UnrolledAttention
-from train.objectives import Batch, Teacher, _positions, eagle_loss, teacher
+from train.objectives import Batch, Teacher, _positions, eagle_loss, entry_teacher_rows, teacher
 
 CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)
 
@@ -43,9 +43,7 @@ def agreement_by_confidence(head, batch: Batch, t: Teacher) -> list[dict]:
     feats = head.fuse_features(t.aux[:, :-1]).reshape(b * (s - 1), -1)
     out = head(batch.tokens[:, 1:].reshape(-1), _positions(b, s - 1, batch.tokens.device), UnrolledAttention(b), feats)
     sel = batch.mask[:, 1:]
-    row_of = torch.full(batch.mask.shape, -1, dtype=torch.long, device=batch.tokens.device)
-    row_of[batch.mask] = torch.arange(int(batch.mask.sum()), device=batch.tokens.device)
-    teach = t.logits[row_of[:, 1:][sel]]                                   # [N, V]
+    teach = t.logits[entry_teacher_rows(batch.mask)[sel]]                  # [N, V]
     agree = (head.compute_logits(out.view(b, s - 1, -1)[sel]).argmax(-1) == teach.argmax(-1)).float()
     top1 = teach.float().softmax(-1).max(-1).values
     rows = []

@@ -69,6 +69,14 @@ def lm_loss(draft: LlamaForCausalLM, batch: Batch, t: Teacher, hard_weight: floa
     return loss, StepStats(loss.item(), [agree])
 
 
+def entry_teacher_rows(mask: torch.Tensor) -> torch.Tensor:
+    """mask [B, S] (positions taught, row-major = the rows of ``Teacher.logits``) -> [B, S-1]: the teacher row
+    of head entry i (token position i + 1), or -1 where that position is not taught."""
+    row_of = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
+    row_of[mask] = torch.arange(int(mask.sum()), device=mask.device)
+    return row_of[:, 1:]
+
+
 def eagle_loss(head: EagleHead, batch: Batch, t: Teacher, unroll: int = 3, decay: float = 0.8,
                hard_weight: float = 0.0) -> tuple[torch.Tensor, StepStats]:
     """Head entry i (token position p = i + 1) reads x_p and f_{p-1}; it predicts x_{p+1}, taught by
@@ -79,11 +87,8 @@ def eagle_loss(head: EagleHead, batch: Batch, t: Teacher, unroll: int = 3, decay
     tokens = batch.tokens[:, 1:].reshape(-1)                       # entries 0 .. S-2
     positions = _positions(b, s - 1, dev)
     feats = head.fuse_features(t.aux[:, :-1]).reshape(b * (s - 1), -1)
-    # teacher rows: mask is over positions 0..S-1; entry i <-> position i + 1
     pos_mask = batch.mask[:, 1:]                                   # [B, S-1]
-    row_of = torch.full(batch.mask.shape, -1, dtype=torch.long, device=dev)
-    row_of[batch.mask] = torch.arange(int(batch.mask.sum()), device=dev)
-    entry_rows = row_of[:, 1:]                                     # teacher row per entry, or -1
+    entry_rows = entry_teacher_rows(batch.mask)
     attn = UnrolledAttention(b)
     total = torch.zeros((), device=dev)
     weight_sum = 0.0

@@ -21,30 +21,35 @@ from engine.sampling import probs_from_logits, sample_from_probs
 
 
 class DraftSampler:
-    def __init__(self, target_vocab: int, top_m: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(self, target_vocab: int, top_m: int = 0, device: torch.device | str = "cpu",
+                 draws_per_round: int = 0) -> None:
+        """draws_per_round: noise rows a sampled request's stream advances by each round (``skip``); a fused
+        round draws k (the engine's k) for the next round; 0: as many as drafted."""
         self.target_vocab = target_vocab
         self.top_m = top_m
+        self.draws_per_round = draws_per_round
         self._generators: dict[str, torch.Generator] = {}
         self._device = torch.device(device)  # where the drafter's logits, and so its streams, live
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def generator(self, request_id: str, seed: int, device: torch.device) -> torch.Generator:
+    def generator(self, request_id: str, seed: int) -> torch.Generator:
         """The request's drafting stream (derived from its seed), created on first use."""
         gen = self._generators.get(request_id)
         if gen is None:
-            gen = torch.Generator(device=device).manual_seed(draft_seed(seed))
+            gen = torch.Generator(device=self._device).manual_seed(draft_seed(seed))
             self._generators[request_id] = gen
         return gen
 
-    def skip(self, reqs: Sequence[DraftRequest], drawn: Sequence[int], per_round: int) -> None:
-        """Advance each sampled request's stream to ``per_round`` noise rows this round (``drawn``: rows
+    def skip(self, reqs: Sequence[DraftRequest], drawn: Sequence[int]) -> None:
+        """Advance each sampled request's stream to ``draws_per_round`` noise rows this round (``drawn``: rows
         already drawn for it)."""
         for r, n in zip(reqs, drawn):
-            if not r.params.greedy and n < per_round:
-                gen = self.generator(r.request_id, r.params.seed, self._device)
-                torch.empty(per_round - n, self.target_vocab, device=self._device).exponential_(generator=gen)
+            if not r.params.greedy and n < self.draws_per_round:
+                gen = self.generator(r.request_id, r.params.seed)
+                torch.empty(self.draws_per_round - n, self.target_vocab, device=self._device).exponential_(
+                    generator=gen)
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [N, V_draft] -> [N, V_target] (cut padding rows, or -inf for ids the drafter lacks)."""
@@ -72,7 +77,7 @@ class DraftSampler:
         if self.top_m:
             q_rows = keep_top_m(q_rows, self.top_m)
         for row, i in enumerate(sampled):
-            gen = self.generator(reqs[i].request_id, reqs[i].params.seed, dev)
+            gen = self.generator(reqs[i].request_id, reqs[i].params.seed)
             noise = torch.empty(q_rows.shape[-1], device=dev).exponential_(generator=gen)
             tokens[i] = sample_from_probs(q_rows[row], noise)
         q = torch.zeros_like(logits)

@@ -56,8 +56,7 @@ class EagleDrafter:
         self.target_features = head.eagle.aux_layers
         self.feature_size = head.eagle.aux_size
         self.runner = ModelRunner(head, config)
-        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m, config.device)
-        self.draws_per_round = config.k  # a fused round draws k noise rows per sampled request (eagle_graph.py)
+        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m, config.device, config.k)
         self._states: dict[str, _State] = {}
 
     def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False):
@@ -153,5 +152,5 @@ class EagleDrafter:
             active = [active[j] for j in keep]
             chunks = [Chunk(requests[i].request_id, [drafts[i][-1]]) for i in active]
             features = out.hidden[keep]
-        self.sampler.skip(requests, [len(d) for d in drafts], self.draws_per_round)
+        self.sampler.skip(requests, [len(d) for d in drafts])
         return DraftProposal(token_ids=drafts, probs=probs)

@@ -38,7 +38,7 @@ class GraphDraftProgram:
 
     def __init__(self, runner: "ModelRunner", sampler: DraftSampler, rows: int, k: int, max_blocks: int,
                  sampled: bool) -> None:
-        self.runner, self.sampler, self.device = runner, sampler, runner.device
+        self.sampler, self.device = sampler, runner.device
         self.allocator, self.k, self.rows = runner.allocator, k, rows
         if PAD_SEQ not in self.allocator:
             self.allocator.extend(PAD_SEQ, 1)
@@ -78,7 +78,7 @@ class GraphDraftProgram:
         if self.noise is not None:
             for i, (rid, _, params) in enumerate(rows):
                 if not params.greedy:
-                    gen = self.sampler.generator(rid, params.seed, self.device)
+                    gen = self.sampler.generator(rid, params.seed)
                     for j in range(k):
                         self.noise[i, j].exponential_(generator=gen)
 

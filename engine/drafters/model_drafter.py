@@ -17,8 +17,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from engine.config import EngineConfig
 from engine.attention.static import StaticAttention
+from engine.config import EngineConfig
 from engine.drafters.base import DraftProposal, DraftRequest
 from engine.drafters.draft_sampling import DraftSampler
 from engine.drafters.graph_program import GraphDraftProgram
@@ -40,8 +40,7 @@ class ModelDrafter:
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
         self.runner = ModelRunner(model, config)
-        self.sampler = DraftSampler(target_vocab, config.draft_top_m, config.device)
-        self.draws_per_round = config.k  # a fused round draws k noise rows per sampled request
+        self.sampler = DraftSampler(target_vocab, config.draft_top_m, config.device, config.k)
         self._states: dict[str, _State] = {}
 
     def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False) -> "ModelProgram":
@@ -103,7 +102,7 @@ class ModelDrafter:
             for i in active:
                 self._states[requests[i].request_id].cached.append(drafts[i][-1])
                 chunks.append(Chunk(requests[i].request_id, [drafts[i][-1]]))
-        self.sampler.skip(requests, [len(d) for d in drafts], self.draws_per_round)
+        self.sampler.skip(requests, [len(d) for d in drafts])
         return DraftProposal(token_ids=drafts, probs=probs)
 
 
