@@ -158,6 +158,7 @@ class FusedRounds:
         self._offsets = torch.arange(k + 1, device=target.device)
         self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self.rounds = 0  # rounds run (a counter for stats and tests)
 
     # ------------------------------------------------------------------ host side
     def fits(self, committed: int) -> bool:
@@ -191,6 +192,7 @@ class FusedRounds:
             with torch.inference_mode():
                 self._compute(g)
         out = g.out[:n].tolist()  # the round's one host sync
+        self.rounds += 1
         results = []
         for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
             a = row[k + 1]

@@ -252,23 +252,27 @@ class SpecDecoder:
         return run, ks, chunks
 
     def step(self) -> list[RequestOutput]:
-        """Admit queued requests, then run one round for the running requests the token budget admits:
-        decoding requests on the fast path in one fused round, the others (prefills, a request's first
-        drafts) in an eager round beside it."""
+        """Admit queued requests, then run one round for the running requests the token budget admits."""
         self._admit()
-        if self.fused_plain is not None and len(self.requests) > self.config.spec_max_batch:
-            for rid in self.requests.keys() - self._plain:  # a large batch: these decode plainly from now on
-                self._plain.add(rid)
-                self._pending.pop(rid, None)
-                self.drafter.release(rid)
+        self._batch_policy()
         reqs, ks, chunks = self.plan_round(self.running)
-        if not reqs:
-            return []
+        return self.decode_round(reqs, ks, chunks) if reqs else []
+
+    def decode_round(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,
+                     chunks: Sequence[int | None] | None = None) -> list[RequestOutput]:
+        """One round for these running requests, drafting with the embedded drafter: decoding requests on the
+        fast path in one fused round, the others (prefill chunks, a request's first drafts, a k the graph
+        does not hold) in an eager round beside it. ``ks``: each request's k (None: its own), capped by
+        ``draft_len``; ``chunks``: prefill chunks as from ``plan_round`` (None: run whole). Returns the
+        outputs in the order of ``reqs`` (partial prefills have none)."""
+        self._batch_policy()
+        ks = [self.draft_len(r, k) for r, k in zip(reqs, ks or [None] * len(reqs))]
+        chunks = chunks or [None] * len(reqs)
         plain, fast, slow = [], [], []
         for r, k, c in zip(reqs, ks, chunks):
             if c is None and self._plain_ready(r):
                 plain.append(r)
-            elif c is None and self._fused_ready(r):
+            elif c is None and self._fused_ready(r, k):
                 fast.append(r)
             else:
                 slow.append((r, k, c))
@@ -283,15 +287,28 @@ class SpecDecoder:
                 eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
         outputs = self._fused_round(fast, self.fused) if fast else []
         outputs += self._fused_round(plain, self.fused_plain) if plain else []
-        return outputs + (self.run_round(eager) if eager else [])
+        outputs += self.run_round(eager) if eager else []
+        by_id = {o.request_id: o for o in outputs}
+        return [by_id[r.request_id] for r in reqs if r.request_id in by_id]
+
+    def _batch_policy(self) -> None:
+        """With spec_max_batch: once more than that many run, every running request decodes plainly to its end."""
+        if self.fused_plain is not None and len(self.requests) > self.config.spec_max_batch:
+            for rid in self.requests.keys() - self._plain:
+                self._plain.add(rid)
+                self._pending.pop(rid, None)
+                self.drafter.release(rid)
 
     # ------------------------------------------------------------------ the fast path
-    def _fused_ready(self, r: Request) -> bool:
-        """On the fast path this round: decoding, its drafts (if any) in hand, room for a round."""
-        if (self.fused is None or r.request_id in self._plain or self.unseen(r) != 1
-                or not self.fused.fits(len(r.token_ids))):
+    def _fused_ready(self, r: Request, k: int) -> bool:
+        """On the fast path this round: decoding, its drafts (if any) in hand, room for a round, and asking
+        for the drafts the graph verifies (its k, fewer only where the room left caps it)."""
+        f = self.fused
+        if f is None or r.request_id in self._plain or self.unseen(r) != 1 or not f.fits(len(r.token_ids)):
             return False
-        return self.fused.k == 0 or r.request_id in self._pending
+        if f.k == 0:
+            return self.drafter is None or k == 0
+        return k == min(f.k, r.room() - 1) and r.request_id in self._pending
 
     def _plain_ready(self, r: Request) -> bool:
         """On the plain fast path this round: a request of a large batch, decoding, with room for a round."""

@@ -17,12 +17,14 @@ log = logging.getLogger("tandem.verifier")
 
 
 def warm_up(engine: VerifierEngine) -> None:
-    """One tiny request through prefill, verify and (co-located) step: kernels compiled before SERVING."""
+    """One tiny request through prefill, verify and (co-located) two steps, the second a fused round: kernels
+    compiled (and the one-request graphs captured) before SERVING."""
     ids = ["warmup"]
-    engine.prefill([PrefillItem("warmup", [1, 2, 3, 4], [], SamplingParams(max_tokens=8, ignore_eos=True, seed=0))])
+    engine.prefill([PrefillItem("warmup", [1, 2, 3, 4], [], SamplingParams(max_tokens=32, ignore_eos=True, seed=0))])
     engine.verify([RoundItem("warmup", [5])])
     if engine.can_step:
-        engine.step(ids, [2])
+        engine.step(ids, [None])
+        engine.step(ids, [None])
     engine.release(ids)
 
 

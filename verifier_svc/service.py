@@ -118,12 +118,12 @@ class VerifierEngine:
         outputs = self._round([items[i] for i in ok], layers, feature_window)
         return _fill(len(items), ok, outputs, errors)
 
-    def step(self, ids: Sequence[str], ks: Sequence[int]) -> list[Result]:
-        """Co-located round: the embedded drafter proposes, the target verifies, one call."""
+    def step(self, ids: Sequence[str], ks: Sequence[int | None]) -> list[Result]:
+        """Co-located round: the embedded drafter proposes, the target verifies, one call; requests already
+        decoding go through the fused round (one graph, one host sync) as in ``tandem generate``."""
         ok, errors = self._unique_running(ids)
         reqs = [self.decoder.requests[ids[i]] for i in ok]
-        items = self.decoder.propose(reqs, [self.decoder.draft_len(r, ks[i]) for r, i in zip(reqs, ok)])
-        outputs = self.decoder.run_round(items) if items else []
+        outputs = self.decoder.decode_round(reqs, [ks[i] for i in ok]) if reqs else []
         return _fill(len(ids), ok, outputs, errors)
 
     def release(self, ids: Sequence[str]) -> int:

@@ -109,6 +109,36 @@ def test_reprefill_with_committed_output_continues_exactly(smollm):
     assert o.text_delta == "" or ref.text_delta.endswith(o.text_delta)
 
 
+def _colocated(decoder, prompts, params, ks) -> dict[str, list[int]]:
+    """Prefill then Step every request to its end; outputs must follow the items (stepped in reverse order)."""
+    eng = VerifierEngine(decoder)
+    ids = list(ks)
+    outs = eng.prefill([PrefillItem(i, p, [], sp) for i, p, sp in zip(ids, prompts, params)])
+    got = {i: list(o.new_token_ids) for i, o in zip(ids, outs)}
+    while eng.decoder.requests:
+        run = [i for i in ids if i in eng.decoder.requests][::-1]
+        for rid, o in zip(run, eng.step(run, [ks[i] for i in run])):
+            assert o.request_id == rid
+            got[rid] += o.new_token_ids
+    return got
+
+
+def test_colocated_step_runs_fused_rounds(smollm):
+    """Step (co-located serving) takes the fast path of ``tandem generate``: after a request's first drafts its
+    rounds are fused; a k the graph does not hold stays eager. Greedy output is the plain one, seeded sampled
+    output the eager engine's (a prefill round carries no drafts here, so it is not generate's)."""
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in ("Count to five.", "Name two oceans.", "Say hi.")]
+    sampled = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=5)
+    params, ks = [GREEDY, GREEDY, sampled], {"a": None, "b": 2, "c": None}
+    ref = [o.new_token_ids for o in make_decoder(smollm, "none").generate(prompts[:2], GREEDY)]
+    eager = _colocated(make_decoder(smollm, "layerskip:4", k=4, fused_rounds=False), prompts, params, ks)
+    decoder = make_decoder(smollm, "layerskip:4", k=4, fused_rounds=True)
+    got = _colocated(decoder, prompts, params, ks)
+    assert [got["a"], got["b"]] == ref and got["c"] == eager["c"]
+    assert decoder.fused.rounds >= 8  # a and c: 24 tokens each in rounds of up to 5
+
+
 @pytest.mark.parametrize("ids, probs, drafts, message", [
     ([[1, 2]], [[0.5, 0.5]], [1, 2], "must both be"),
     ([[1, 2]], [[0.7, 0.7]], [1], "distribution"),
