@@ -66,9 +66,10 @@ def test_speculative_with_graphs_equals_plain_greedy(f32, prompts, draft):
     assert [o.new_token_ids for o in spec] == [o.new_token_ids for o in plain]
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
 def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
-    """One graph per round (verify, accept, the EAGLE head's catch-up and next drafts), replayed."""
+    """One graph per round (verify, accept, the drafter's catch-up and next drafts: the EAGLE head, or a draft
+    LM, here the layer-skip one), replayed."""
     plain = _decoder(f32, "none", 0, False).generate(prompts, GREEDY)
     dec = _decoder(f32, draft, k, True, fused=True)
     got = dec.generate(prompts, GREEDY)
