@@ -45,7 +45,8 @@ def _cases():
                         res_ptr=f"*{dt}", y_ptr=f"*{dt}", M="i32", N="i32", stride_x="i32", stride_d="i32",
                         eps="fp32"),
                    dict(K=k, PROLOGUE=prologue, HAS_DELTA=delta, HAS_BIAS=bias, IEEE=dt == "fp32",
-                        BLOCK_M=norm_linear.BLOCK_M, BLOCK_N=norm_linear.BLOCK_N, BLOCK_K=norm_linear.BLOCK_K))
+                        DOT=norm_linear.CONFIG["dot"], BLOCK_M=16, BLOCK_N=norm_linear.CONFIG["block_n"],
+                        BLOCK_K=norm_linear.CONFIG["block_k"]))
         yield (f"rotary {dt}", rotary._rotary_kernel,
                dict(x_ptr=f"*{dt}", pos_ptr="*i64", cs_ptr="*fp32", out_ptr=f"*{dt}", stride_t="i32",
                     stride_h="i32", H="i32", HALF="i32"), dict(BLOCK=32))

@@ -29,9 +29,9 @@ from kernels.rmsnorm import rmsnorm_reference
 from kernels.silu_mul import silu_mul_reference
 
 MAX_ROWS = 16  # rows the kernel is for: above, one tensor-core GEMM (cuBLAS) with the step apart is faster
-BLOCK_M = 16   # tl.dot's smallest tile: rows past M are masked
-BLOCK_N = 16   # output columns per program: small, so even a 576-wide projection spreads over 36 programs
-BLOCK_K = 128
+# launch configuration (bench/norm_linear_sweep.py measures the alternatives): dot: tensor-core tiles of 16 rows
+# (rows past M masked), else products on the CUDA cores for the next power of two >= M rows
+CONFIG = dict(dot=True, block_n=16, block_k=128, num_warps=4)
 NORM, SILU_MUL = 1, 2
 
 
@@ -68,7 +68,7 @@ def _norm_linear_kernel(
     M, N, stride_x, stride_d, eps,
     K: tl.constexpr,  # a model has few widths: each its own specialization, its loop unrolled
     PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -113,7 +113,9 @@ def _norm_linear_kernel(
         # dot is wrong on bfloat16); float32 inputs take IEEE products, as torch's default matmul
         a = a.to(tl.float32)
         w = tl.load(w_rows + kk[None, :], mask=live_n[:, None] & live_k[None, :], other=0.0).to(tl.float32)
-        if IEEE:
+        if not DOT:  # a few rows: products on the CUDA cores, a GEMV per row
+            acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        elif IEEE:
             acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(a, tl.trans(w), input_precision="tf32")
@@ -138,15 +140,18 @@ def _check(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | N
     return n
 
 
-def _launch(x, delta, norm_weight, weight, bias, residual, y, k: int, eps: float, prologue: int) -> None:
+def _launch(x, delta, norm_weight, weight, bias, residual, y, k: int, eps: float, prologue: int,
+            config: dict | None = None) -> None:
     m, n = x.shape[0], weight.shape[0]
-    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(m, BLOCK_M))
+    c = {**CONFIG, **(config or {})}
+    block_m = 16 if c["dot"] else triton.next_power_of_2(m)
+    grid = (triton.cdiv(n, c["block_n"]), triton.cdiv(m, block_m))
     _norm_linear_kernel[grid](
         x, x if delta is None else delta, weight if norm_weight is None else norm_weight, weight,
         weight if bias is None else bias, y if residual is None else residual, y,
         m, n, x.stride(0), 0 if delta is None else delta.stride(0), eps, K=k,
         PROLOGUE=prologue, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+        DOT=c["dot"], BLOCK_M=block_m, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"], num_warps=c["num_warps"])
 
 
 def add_norm_linear(
@@ -156,6 +161,7 @@ def add_norm_linear(
     eps: float,
     weight: torch.Tensor,        # [N, K] contiguous
     bias: torch.Tensor | None = None,  # [N]
+    config: dict | None = None,  # overrides of CONFIG (the sweep)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # residual [M, K] (x itself without delta), y [M, N]
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be an [M, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
@@ -171,13 +177,14 @@ def add_norm_linear(
         delta = delta.contiguous()
     residual = None if delta is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _launch(x, delta, norm_weight.contiguous(), weight, bias, residual, y, k, eps, NORM)
+    _launch(x, delta, norm_weight.contiguous(), weight, bias, residual, y, k, eps, NORM, config)
     return (x if residual is None else residual), y
 
 
 def silu_mul_linear(
     gate_up: torch.Tensor,  # [M, 2K], 1 <= M <= MAX_ROWS: gate, then up; last dim contiguous
     weight: torch.Tensor,   # [N, K] contiguous
+    config: dict | None = None,
 ) -> torch.Tensor:          # [M, N]
     if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be an [M, 2K] tensor, got {getattr(gate_up, 'shape', type(gate_up).__name__)}")
@@ -185,5 +192,5 @@ def silu_mul_linear(
     _check(gate_up, k, weight, None)
     gate_up = gate_up if gate_up.stride(1) == 1 else gate_up.contiguous()
     y = torch.empty((gate_up.shape[0], weight.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
-    _launch(gate_up, None, None, weight, None, None, y, k, 1.0, SILU_MUL)
+    _launch(gate_up, None, None, weight, None, None, y, k, 1.0, SILU_MUL, config)
     return y
