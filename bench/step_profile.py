@@ -156,9 +156,6 @@ def main() -> None:
     p.add_argument("--round", metavar="DRAFT", help="profile fused rounds with this drafter (none: plain decode)")
     p.add_argument("--k", type=int, default=4, help="--round: draft length")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
-    p.add_argument("--separate-norms", action="store_true",
-                   help="norms and SwiGLU's gate in their own launches before cuBLAS projections, not in the "
-                        "projection's launch (kernels/norm_linear.py): the A/B of that fusion")
     p.add_argument("--model", help="target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", help="JSON report")
     args = p.parse_args()
@@ -169,28 +166,26 @@ def main() -> None:
     model = load_model(args.model or default_model_path(), device="cuda", dtype=torch.bfloat16, progress=False)
     aux = tuple(int(a) for a in args.aux.split(",") if a)
     rows = []
+    if args.round:
+        for b in (int(x) for x in args.batch.split(",")):
+            row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
+                                args.top)
+            rows.append(row)
+            print(f"round {args.round} k={row['k']} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
+                  f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
+                  f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
+            for k in row["top_kernels"][:6]:
+                print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
+            print("    host, per step:", "; ".join(f"{h['op']} {h['self_cpu_ms']:.3f} ms x{h['count']}"
+                                                   for h in row["top_host_ops"][:6]))
     with ExitStack() as stack:
         if args.torch_ops:
             stack.enter_context(mock.patch.object(ops, "use_kernels", lambda x: False))
             stack.enter_context(mock.patch("engine.attention.static.StaticAttention.__init__.__defaults__", (False,)))
-        if args.separate_norms:
-            stack.enter_context(mock.patch.object(ops, "SMALL_ROWS", 0))
-        if args.round:
-            for b in (int(x) for x in args.batch.split(",")):
-                row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
-                                    args.top)
-                rows.append(row)
-                print(f"round {args.round} k={row['k']} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
-                      f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
-                      f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
-                for k in row["top_kernels"][:6]:
-                    print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
-                print("    host, per step:", "; ".join(f"{h['op']} {h['self_cpu_ms']:.3f} ms x{h['count']}"
-                                                       for h in row["top_host_ops"][:6]))
         for b in (int(x) for x in args.batch.split(",") if not args.round):
             for q in (int(x) for x in args.q_len.split(",")):
                 row = profile_case(model, b, q, args.context, args.iters, aux, args.top)
-                row["ops"] = "torch" if args.torch_ops else "triton" + ("-separate" if args.separate_norms else "")
+                row["ops"] = "torch" if args.torch_ops else "triton"
                 rows.append(row)
                 print(f"{row['ops']:6s} batch {b:3d} q_len {q}: replay {row['replay_ms']:.3f} ms, step "
                       f"{row['step_ms']:.3f} ms, {row['kernels']} kernels ({row['kernel_ms']:.3f} ms of kernel time)",

@@ -12,7 +12,7 @@ import sys
 
 
 def _cases():
-    from kernels import fused_norm, norm_linear, rmsnorm, rotary, silu_mul, static_attention
+    from kernels import fused_norm, rmsnorm, rotary, silu_mul, static_attention
 
     for dt in ("bf16", "fp16", "fp32"):
         sig = {n: f"*{dt}" for n in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "out_ptr")}
@@ -37,16 +37,6 @@ def _cases():
                dict(BLOCK=1024))
         yield (f"silu_mul {dt}", silu_mul._silu_mul_kernel,
                dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", stride_x="i32", I="i32"), dict(BLOCK=silu_mul.BLOCK))
-        for prologue, k, delta, bias in ((norm_linear.NORM, 576, True, False), (norm_linear.NORM, 576, False, True),
-                                         (norm_linear.SILU_MUL, 1536, False, False)):
-            yield (f"norm_linear {dt} prologue={prologue} K={k} delta={delta} bias={bias}",
-                   norm_linear._norm_linear_kernel,
-                   dict(x_ptr=f"*{dt}", d_ptr=f"*{dt}", nw_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}",
-                        res_ptr=f"*{dt}", y_ptr=f"*{dt}", M="i32", N="i32", stride_x="i32", stride_d="i32",
-                        eps="fp32"),
-                   dict(K=k, PROLOGUE=prologue, HAS_DELTA=delta, HAS_BIAS=bias, IEEE=dt == "fp32",
-                        DOT=norm_linear.CONFIG["dot"], BLOCK_M=16, BLOCK_N=norm_linear.CONFIG["block_n"],
-                        BLOCK_K=norm_linear.CONFIG["block_k"]))
         yield (f"rotary {dt}", rotary._rotary_kernel,
                dict(x_ptr=f"*{dt}", pos_ptr="*i64", cs_ptr="*fp32", out_ptr=f"*{dt}", stride_t="i32",
                     stride_h="i32", H="i32", HALF="i32"), dict(BLOCK=32))

@@ -10,9 +10,6 @@
 # C (the summary run): the fused-round GPU tests, then tandem bench over batch 1, 4, 16 and 64 twice, a short
 #    pass first so every kernel specialization and graph bucket has been compiled once on the machine, then
 #    the measured pass (64 prompts per dataset).
-# D (projections with their norm / SwiGLU gate in one launch, co-located Step on fused rounds): the kernel and
-#    fused-round GPU tests (layer-skip drafting in the graph too), step and round profiles with and without the
-#    fusion (--separate-norms), then tandem bench at batch 1 and 4 after a warm-up pass (16 prompts per dataset).
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -21,21 +18,7 @@ bench() {  # seconds, name, flags...
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
   grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
 }
-if [ "${PART:-A}" = D ]; then
-  timeout "${TESTS_S:-240}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py \
-    tests/gpu/test_gpu_fused_sampling.py > "$OUT/gpu-tests.log" 2>&1
-  tail -4 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  for sep in "" --separate-norms; do
-    timeout 60 python3 -m bench.step_profile --batch 1,4,16 --q-len 1,5 --iters 100 $sep 2>&1 | grep -E "^(triton|round)"
-    timeout 60 python3 -m bench.step_profile --round auto --batch 1 --iters 100 $sep 2>&1 | grep -E "^ *(round|host)"
-  done
-  echo "profiles done at $SECONDS s"
-  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval,sharegpt --batch-sizes 1,4)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-200}" "$name-bs1-4" "${grid[@]}" --num-prompts 16
-elif [ "${PART:-A}" = C ]; then
+if [ "${PART:-A}" = C ]; then
   timeout "${TESTS_S:-120}" python3 -m pytest -q tests/gpu/test_gpu_fused_sampling.py \
     "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy" > "$OUT/gpu-tests.log" 2>&1
   tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"

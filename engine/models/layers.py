@@ -30,11 +30,6 @@ class RMSNorm(nn.Module):
             return x, self(x)
         return ops.add_rms_norm(x, delta, self.weight, self.eps)
 
-    def add_linear(self, x: torch.Tensor, delta: torch.Tensor | None, proj: nn.Linear
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``add`` with the projection the normed rows feed: (x + delta, proj(norm)), one launch at decode sizes."""
-        return ops.add_norm_linear(x, delta, self.weight, self.eps, proj.weight, proj.bias)
-
 
 def _inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -100,8 +95,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: [T, 2I] -> down(silu(gate) * up) [T, hidden]: one launch at decode sizes."""
-        return ops.silu_mul_linear(gate_up, self.down_proj.weight)
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))

@@ -29,11 +29,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]; rope: RotaryEmbedding.lookup(positions)
-        return self.attend(self.qkv_proj(x), rope, attn)
-
-    def attend(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-               attn: AttentionBackend) -> torch.Tensor:
-        """qkv: [T, (Hq + 2 Hkv) * D], the projection's output -> o_proj(attention) [T, hidden]."""
+        qkv = self.qkv_proj(x)
         t, d = qkv.shape[0], self.head_dim
         if attn.fused_rotary:  # the backend rotates q and k itself, in the launch that writes the KV
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -58,10 +54,9 @@ class DecoderLayer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] residual stream; delta: the previous layer's output not yet added to it (None: none).
         Returns (residual stream, this layer's MLP output not yet added): the next norm adds it in one step."""
-        x, qkv = self.input_layernorm.add_linear(x, delta, self.self_attn.qkv_proj)
-        x, gate_up = self.post_attention_layernorm.add_linear(x, self.self_attn.attend(qkv, rope, attn),
-                                                              self.mlp.gate_up_proj)
-        return x, self.mlp.down(gate_up)
+        x, h = self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, rope, attn))
+        return x, self.mlp(h)
 
 
 class LlamaModel(nn.Module):

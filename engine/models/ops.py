@@ -13,17 +13,9 @@ import torch
 import torch.nn.functional as F
 
 
-SMALL_ROWS = 16  # a projection of at most this many rows takes the step before it into its launch
-# (kernels.norm_linear.MAX_ROWS; tests check they agree): above, cuBLAS with the step apart is faster
-
-
 def use_kernels(x: torch.Tensor) -> bool:
     """Triton for this tensor: on CUDA and outside autograd."""
     return x.is_cuda and not torch.is_grad_enabled()
-
-
-def _small(x: torch.Tensor) -> bool:
-    return use_kernels(x) and 0 < x.shape[0] <= SMALL_ROWS
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,24 +48,3 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return kernel(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-def add_norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, delta: [T, D] -> (residual x + delta (x without delta), linear(rms_norm(residual))): one launch at
-    decode sizes (kernels.norm_linear), two steps elsewhere."""
-    if _small(x):
-        from kernels.norm_linear import add_norm_linear as kernel
-
-        return kernel(x, delta, norm_weight, eps, weight, bias)
-    x, h = (x, rms_norm(x, norm_weight, eps)) if delta is None else add_rms_norm(x, delta, norm_weight, eps)
-    return x, F.linear(h, weight, bias)
-
-
-def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """gate_up: [T, 2I] -> linear(silu(gate) * up) [T, out]: one launch at decode sizes, two elsewhere."""
-    if _small(gate_up):
-        from kernels.norm_linear import silu_mul_linear as kernel
-
-        return kernel(gate_up, weight)
-    return F.linear(silu_mul(gate_up), weight)

@@ -44,25 +44,3 @@ def test_add_rmsnorm_and_silu_mul(dtype):
     torch.testing.assert_close(out, want_out, **TOL[dtype])
     gu = (torch.randn(33, 3072, device="cuda", generator=g) * 3).to(dtype)
     torch.testing.assert_close(silu_mul(gu), silu_mul_reference(gu), **TOL[dtype])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 5, 16])
-def test_norm_linear_at_the_models_shapes(dtype, m):
-    """q/k/v (576 -> 960, with and without the residual add) and down (SwiGLU 2 x 1536 -> 576)."""
-    from kernels.norm_linear import (add_norm_linear, add_norm_linear_reference, silu_mul_linear,
-                                     silu_mul_linear_reference)
-
-    g = torch.Generator(device="cuda").manual_seed(m)
-    x = (torch.randn(m, 576, device="cuda", generator=g) * 4).to(dtype)
-    d = torch.randn(m, 576, device="cuda", generator=g).to(dtype)
-    nw = torch.randn(576, device="cuda", generator=g).to(dtype)
-    w = (torch.randn(960, 576, device="cuda", generator=g) / 24).to(dtype)
-    for delta in (d, None):
-        res, y = add_norm_linear(x, delta, nw, 1e-5, w)
-        want_res, want_y = add_norm_linear_reference(x, delta, nw, 1e-5, w, None)
-        assert torch.equal(res, want_res)
-        torch.testing.assert_close(y, want_y, **TOL[dtype])
-    gu = (torch.randn(m, 3072, device="cuda", generator=g) * 3).to(dtype)
-    down = (torch.randn(576, 1536, device="cuda", generator=g) / 40).to(dtype)
-    torch.testing.assert_close(silu_mul_linear(gu, down), silu_mul_linear_reference(gu, down), **TOL[dtype])
