@@ -10,6 +10,9 @@ verify, accept and the drafter's next drafts in one graph): requests of ``--cont
 decode until every one is on the fast path, then ``round_ms`` is ``SpecDecoder.step`` (all host
 work), ``run_ms`` the fused round's own ``run`` (inputs in, replay, the one read-back, rollback) and
 ``replay_ms`` the graph alone.
+With ``--prefill LENS`` it times a new request's first round (its prefill, what sets time to first
+token): ``prefill_ms`` is ``SpecDecoder.step`` for one new request of each prompt length (plain decoding,
+the bench's engine config), with its kernels and the Python functions the host spends it in (cProfile).
 ``--torch-ops`` runs the same buckets with the plain torch ops instead of the Triton kernels
 (the engine before the fused kernels), for an A/B in one call. A JSON report goes to ``--out``.
 """
@@ -131,6 +134,41 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
             "top_kernels": top_rows, "top_host_ops": host_rows}
 
 
+def profile_prefill(model, length: int, iters: int, top: int) -> dict:
+    import cProfile
+    import pstats
+
+    from engine.config import SamplingParams
+    from engine.spec import SpecDecoder
+
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=4, k=0,
+                       kv_cache_tokens=4 * (length + 64) + 4096)
+    dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    prompts = [[(7 * i + j) % 1000 + 10 for j in range(length)] for i in range(iters + 3)]
+
+    def prefill(prompt):
+        rid = dec.add_request(prompt, params)
+        dec.step()
+        torch.cuda.synchronize()
+        dec.abort(rid)
+
+    for prompt in prompts[:3]:  # kernels compiled, buckets captured
+        prefill(prompt)
+    t0 = time.perf_counter()
+    for prompt in prompts[3:]:
+        prefill(prompt)
+    prefill_ms = (time.perf_counter() - t0) * 1e3 / iters
+    count, kernel_ms, top_rows = _kernels(lambda: prefill(prompts[0]), top)
+    prof = cProfile.Profile()
+    prof.runcall(prefill, prompts[1])
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive, tottime, cumtime, callers)
+    host = sorted(({"fn": f"{f.rsplit('/', 2)[-1]}:{name}", "calls": v[0], "cum_ms": round(v[3] * 1e3, 3),
+                    "self_ms": round(v[2] * 1e3, 3)} for (f, _, name), v in stats.items()), key=lambda r: -r["self_ms"])
+    return {"prefill": length, "prefill_ms": round(prefill_ms, 3), "kernels": count, "kernel_ms": round(kernel_ms, 4),
+            "top_kernels": top_rows, "top_host_fns": host[:top]}
+
+
 def _host_ops(fn, calls: int, top: int) -> list[dict]:
     """CPU time of ``fn`` by aten op and CUDA runtime call (self time over ``calls`` calls): where the
     host side of a round goes (copies, syncs, graph launches)."""
@@ -155,6 +193,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=8, help="kernels listed per case")
     p.add_argument("--round", metavar="DRAFT", help="profile fused rounds with this drafter (none: plain decode)")
     p.add_argument("--k", type=int, default=4, help="--round: draft length")
+    p.add_argument("--prefill", metavar="LENS", help="comma-separated prompt lengths: time a new request's first round")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
     p.add_argument("--model", help="target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", help="JSON report")
@@ -166,7 +205,15 @@ def main() -> None:
     model = load_model(args.model or default_model_path(), device="cuda", dtype=torch.bfloat16, progress=False)
     aux = tuple(int(a) for a in args.aux.split(",") if a)
     rows = []
-    if args.round:
+    for length in (int(x) for x in (args.prefill or "").split(",") if x):
+        row = profile_prefill(model, length, args.iters, args.top)
+        rows.append(row)
+        print(f"prefill {length:5d} tokens: {row['prefill_ms']:.3f} ms, {row['kernels']} kernels "
+              f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
+        for k in row["top_kernels"][:4]:
+            print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
+        print("    host (self):", "; ".join(f"{h['fn']} {h['self_ms']:.2f} ms x{h['calls']}" for h in row["top_host_fns"]))
+    if args.round and not args.prefill:
         for b in (int(x) for x in args.batch.split(",")):
             row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
                                 args.top)
@@ -182,7 +229,7 @@ def main() -> None:
         if args.torch_ops:
             stack.enter_context(mock.patch.object(ops, "use_kernels", lambda x: False))
             stack.enter_context(mock.patch("engine.attention.static.StaticAttention.__init__.__defaults__", (False,)))
-        for b in (int(x) for x in args.batch.split(",") if not args.round):
+        for b in (int(x) for x in args.batch.split(",") if not (args.round or args.prefill)):
             for q in (int(x) for x in args.q_len.split(",")):
                 row = profile_case(model, b, q, args.context, args.iters, aux, args.top)
                 row["ops"] = "torch" if args.torch_ops else "triton"

@@ -19,6 +19,7 @@ from engine.config import EngineConfig
 from engine.graphs import StepGraphs
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
+from engine.prefill_graphs import PrefillGraphs
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,14 @@ class ModelRunner:
         self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
         self.vocab_size = cfg.vocab_size
         self.graphs: StepGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None  # a lone long chunk (a prompt), padded to a bucket
         if config.use_cuda_graphs:
-            self.graphs = StepGraphs(self, config.max_batch_size, config.max_context or cfg.max_position,
-                                     max_q_len=config.max_k + 1, capture=self.device.type == "cuda")
+            capture = self.device.type == "cuda"
+            max_context = config.max_context or cfg.max_position
+            self.graphs = StepGraphs(self, config.max_batch_size, max_context, max_q_len=config.max_k + 1,
+                                     capture=capture)
+            self.prefill_graphs = PrefillGraphs(self, max_context, max_logits=config.max_k + 1, min_tokens=2,
+                                                scratch_block=self.graphs.scratch_block, capture=capture)
 
     @property
     def allocator(self):
@@ -85,12 +91,13 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        q_lens, kv_lens, tables, logit_rows = [], [], [], []
+        q_lens, kv_lens, tables, logit_rows, starts = [], [], [], [], []
         for c in chunks:
             n = len(c.token_ids)
             if n == 0 or not 0 <= c.num_logits <= n:
                 raise ValueError(f"chunk {c.seq_id}: {n} tokens, {c.num_logits} logits")
             start = alloc.length(c.seq_id)
+            starts.append(start)
             alloc.extend(c.seq_id, start + n)
             ids.extend(c.token_ids)
             positions.extend(range(start, start + n))
@@ -99,6 +106,14 @@ class ModelRunner:
             q_lens.append(n)
             kv_lens.append(start + n)
             tables.append(tuple(alloc.block_table(c.seq_id)))
+        if self.prefill_graphs is not None and features is None and len(chunks) == 1:
+            c = chunks[0]
+            n = len(c.token_ids)
+            pkey = self.prefill_graphs.bucket_for(starts[0], n, c.num_logits, tuple(aux_layers))
+            if pkey is not None and (n > self.graphs.max_q_len or c.num_logits < n):  # not a uniform step
+                logits, hidden, aux = self.prefill_graphs.run(pkey, c.seq_id, list(c.token_ids), starts[0],
+                                                              c.num_logits)
+                return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
         dev = self.device
         meta = AttentionMetadata(q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), block_tables=tuple(tables),
                                  slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))

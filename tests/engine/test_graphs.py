@@ -78,6 +78,30 @@ def test_steps_the_buckets_do_not_hold_take_the_paged_path(smollm):
     assert list(r.graphs._buckets) == [(1, 1, 512, ())] and out.logits.shape[0] == 1
 
 
+def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_path(smollm):
+    """engine/prefill_graphs.py: one sequence's long chunk padded to a bucket (its padding keys never seen),
+    the last num_logits rows through the LM head, every token's aux; the KV it leaves decodes on identically."""
+    eager, static = _runner(smollm, False), _runner(smollm, True)
+    aux = (1, 14)
+    cases = [("a", 0, list(range(100, 105)), 1), ("b", 0, list(range(7, 47)), 1), ("c", 0, list(range(900, 1430)), 1),
+             ("d", 0, list(range(200, 220)), 0), ("d", 20, list(range(300, 330)), 3)]  # a prompt in two chunks
+    for seq, start, ids, num_logits in cases:
+        assert static.length(seq) == start
+        want = eager.run([Chunk(seq, ids, num_logits)], aux_layers=aux)
+        got = static.run([Chunk(seq, ids, num_logits)], aux_layers=aux)
+        assert got.logits.shape == want.logits.shape == (num_logits, smollm.config.vocab_size)
+        torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)
+        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+        torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
+        assert static.length(seq) == eager.length(seq) == start + len(ids)
+    assert set(static.prefill_graphs._buckets) == {(32, 512, aux), (64, 512, aux), (1024, 1024, aux)}
+    for seq in "abcd":  # the padding wrote no key a later query sees
+        want, got = eager.run([Chunk(seq, [5])]), static.run([Chunk(seq, [5])])
+        torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)
+    assert static.prefill_graphs.bucket_for(600, 400, 1, ()) is None  # padded to 512 it would pass the context
+    assert static.prefill_graphs.bucket_for(0, 40, 10, ()) is None     # more logits than a bucket keeps
+
+
 def test_the_scratch_block_is_reserved_and_returned_outputs_survive_the_next_step(smollm):
     r = _runner(smollm, True)
     assert PAD_SEQ in r.allocator and r.allocator.length(PAD_SEQ) == 1

@@ -1,0 +1,128 @@
+"""A single sequence's long chunk (a prompt's prefill) through a captured graph, padded to a bucket.
+
+Eagerly, a prefill is ~900 launches from Python: on an H100 a 64- to 1,024-token prompt of
+SmolLM2-135M took ~30 ms of host time for 2-5 ms of kernels, and that is the time to first token.
+Here a chunk of n tokens appended at position ``start`` runs in the bucket of the smallest
+``PREFILL_BUCKETS`` size Q >= n: the n tokens and Q - n padding tokens after them, through the
+static attention's torch path (gathered keys, a causal mask: every real query sees exactly what
+it sees eagerly; the padding queries come after all of them, so none sees a padding key). Padding
+keys land past the sequence's length, in its own last block or in the scratch block that pads
+its table, where the next tokens overwrite them. Only the last ``num_logits`` real rows go through
+the LM head (row indices are an input buffer), so the logits buffer stays small.
+
+Buckets are (Q, context, aux layers), captured lazily into one pool; on a CPU they run eagerly
+(``capture=False``), which is how they are tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.attention.static import StaticAttention
+from engine.graphs import CONTEXT_BUCKETS, capture
+
+if TYPE_CHECKING:
+    from engine.runner import ModelRunner
+
+PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)  # padded chunk lengths; longer chunks run eagerly
+
+
+@dataclass
+class _PrefillBucket:
+    attn: StaticAttention     # rows 1, q_len Q, the torch path
+    aux_layers: tuple[int, ...]
+    input_ids: torch.Tensor   # [Q] long
+    positions: torch.Tensor   # [Q] long
+    logit_rows: torch.Tensor  # [max_logits] long: which rows go through the LM head
+    logits: torch.Tensor | None = None  # [max_logits, vocab] float32
+    hidden: torch.Tensor | None = None  # [max_logits, hidden]
+    aux: torch.Tensor | None = None     # [Q, len(aux_layers) * hidden]
+    graph: "torch.cuda.CUDAGraph | None" = None
+
+
+class PrefillGraphs:
+    def __init__(self, runner: "ModelRunner", max_context: int, max_logits: int, min_tokens: int,
+                 scratch_block: int, capture: bool) -> None:
+        """min_tokens: shorter chunks are not prefills (the step graphs take them); max_logits: the most
+        logits a chunk may want (1 + the longest draft)."""
+        self.runner = runner
+        self.max_context = min(max_context, runner.model.config.max_position)
+        self.max_logits, self.min_tokens = max_logits, min_tokens
+        self.scratch_block = scratch_block
+        self.capture = capture
+        self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < self.max_context) + (self.max_context,)
+        self._buckets: dict[tuple[int, int, tuple[int, ...]], _PrefillBucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def bucket_for(self, start: int, n: int, num_logits: int, aux_layers: tuple[int, ...]
+                   ) -> tuple[int, int, tuple[int, ...]] | None:
+        """(Q, context, aux layers) of the bucket for n tokens at ``start``, or None (eager): too short or
+        too long, more logits than the bucket keeps, or padding that would pass the context."""
+        if n < self.min_tokens or not 0 <= num_logits <= self.max_logits:
+            return None
+        q = next((b for b in PREFILL_BUCKETS if b >= n), None)
+        if q is None or start + q > self.max_context:
+            return None
+        ctx = next(c for c in self.context_buckets if c >= start + q)
+        return q, ctx, aux_layers
+
+    def run(self, key: tuple[int, int, tuple[int, ...]], seq_id: str, tokens: list[int], start: int,
+            num_logits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The chunk (in the allocator up to start + n) -> (logits [num_logits, vocab] float32, hidden
+        [num_logits, hidden], aux [n, aux] or None): views of the bucket's buffers."""
+        b = self._buckets.get(key) or self._build(*key)
+        q, n = key[0], len(tokens)
+        alloc = self.runner.allocator
+        b.attn.set_rows([alloc.block_table(seq_id)], [start + q])
+        host = torch.tensor([tokens + [0] * (q - n), list(range(start, start + q))], dtype=torch.long)
+        b.input_ids.copy_(host[0], non_blocking=True)
+        b.positions.copy_(host[1], non_blocking=True)
+        rows = list(range(n - max(num_logits, 1), n))  # no logits wanted (a chunk of a prompt): one, unread
+        b.logit_rows.copy_(torch.tensor(rows + [n - 1] * (self.max_logits - len(rows))), non_blocking=True)
+        if b.graph is not None:
+            b.graph.replay()
+        else:
+            with torch.inference_mode():
+                self._forward(b)
+        return b.logits[:num_logits], b.hidden[:num_logits], None if b.aux is None else b.aux[:n]
+
+    def _compute(self, b: _PrefillBucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        model = self.runner.model
+        b.attn.prepare()
+        hidden, aux = model.forward_aux(b.input_ids, b.positions, b.attn, b.aux_layers)
+        hidden = hidden[b.logit_rows]
+        return model.compute_logits(hidden), hidden, aux
+
+    def _forward(self, b: _PrefillBucket) -> None:
+        logits, hidden, aux = self._compute(b)
+        if b.logits is None:
+            b.logits, b.hidden, b.aux = logits, hidden, aux
+        else:
+            b.logits.copy_(logits)
+            b.hidden.copy_(hidden)
+            if aux is not None:
+                b.aux.copy_(aux)
+
+    def _build(self, q: int, ctx: int, aux_layers: tuple[int, ...]) -> _PrefillBucket:
+        r = self.runner
+        dev = r.device
+        attn = StaticAttention(r.cache, r.model.config.num_heads, 1, q, -(-ctx // r.cache.block_size),
+                               self.scratch_block, use_kernel=False)
+        b = _PrefillBucket(attn, aux_layers, torch.zeros(q, dtype=torch.long, device=dev),
+                           torch.arange(q, device=dev), torch.zeros(self.max_logits, dtype=torch.long, device=dev))
+        with torch.inference_mode():
+            self._forward(b)  # allocates the outputs (the padding row set writes only the scratch block)
+        if self.capture:
+            def record() -> None:
+                b.logits, b.hidden, b.aux = self._compute(b)
+
+            b.graph = capture(record, lambda: self._forward(b), self._pool, dev)
+        self._buckets[(q, ctx, aux_layers)] = b
+        return b
+
+    @property
+    def num_captured(self) -> int:
+        return sum(b.graph is not None for b in self._buckets.values())
