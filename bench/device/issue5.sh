@@ -10,6 +10,8 @@
 # C (the summary run): the fused-round GPU tests, then tandem bench over batch 1, 4, 16 and 64 twice, a short
 #    pass first so every kernel specialization and graph bucket has been compiled once on the machine, then
 #    the measured pass (64 prompts per dataset).
+# D (prefill graphs, co-located Step on fused rounds): the GPU graph and fused-round tests, the prefill profile
+#    (64 / 256 / 1,024-token prompts), then tandem bench at batch 1 and 4 after a warm-up pass (16 prompts).
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -18,7 +20,18 @@ bench() {  # seconds, name, flags...
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
   grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
 }
-if [ "${PART:-A}" = C ]; then
+if [ "${PART:-A}" = D ]; then
+  timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
+    > "$OUT/gpu-tests.log" 2>&1
+  tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  timeout 90 python3 -m bench.step_profile --prefill 64,256,1024 --iters 10 --out "$OUT/prefill.json" 2>&1 \
+    | grep -E "^prefill"
+  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval,sharegpt --batch-sizes 1,4)
+  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
+  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
+  echo "warm-up pass done at $SECONDS s"
+  bench "${MAIN_S:-150}" "$name-bs1-4" "${grid[@]}" --num-prompts 16
+elif [ "${PART:-A}" = C ]; then
   timeout "${TESTS_S:-120}" python3 -m pytest -q tests/gpu/test_gpu_fused_sampling.py \
     "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy" > "$OUT/gpu-tests.log" 2>&1
   tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
