@@ -64,6 +64,17 @@ def capture(record: Callable[[], None], warm_up: Callable[[], None], pool, devic
     return graph
 
 
+def keep_outputs(bucket, logits: torch.Tensor, hidden: torch.Tensor, aux: torch.Tensor | None) -> None:
+    """An uncaptured run of a bucket: its first outputs become its buffers, later ones are copied into them."""
+    if bucket.hidden is None:
+        bucket.logits, bucket.hidden, bucket.aux = logits, hidden, aux
+    else:
+        bucket.logits.copy_(logits)
+        bucket.hidden.copy_(hidden)
+        if aux is not None:
+            bucket.aux.copy_(aux)
+
+
 class StepGraphs:
     def __init__(self, runner: "ModelRunner", max_batch: int, max_context: int, max_q_len: int,
                  capture: bool) -> None:
@@ -127,14 +138,7 @@ class StepGraphs:
         return model.compute_logits(hidden), hidden, aux
 
     def _forward(self, bucket: _Bucket) -> None:
-        logits, hidden, aux = self._compute(bucket)
-        if bucket.hidden is None:
-            bucket.logits, bucket.hidden, bucket.aux = logits, hidden, aux
-        else:
-            bucket.logits.copy_(logits)
-            bucket.hidden.copy_(hidden)
-            if aux is not None:
-                bucket.aux.copy_(aux)
+        keep_outputs(bucket, *self._compute(bucket))
 
     def _build(self, rows: int, q_len: int, ctx: int, aux_layers: tuple[int, ...]) -> _Bucket:
         r = self.runner

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.attention.static import StaticAttention
-from engine.graphs import CONTEXT_BUCKETS, capture
+from engine.graphs import CONTEXT_BUCKETS, capture, keep_outputs
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
@@ -97,14 +97,7 @@ class PrefillGraphs:
         return model.compute_logits(hidden), hidden, aux
 
     def _forward(self, b: _PrefillBucket) -> None:
-        logits, hidden, aux = self._compute(b)
-        if b.logits is None:
-            b.logits, b.hidden, b.aux = logits, hidden, aux
-        else:
-            b.logits.copy_(logits)
-            b.hidden.copy_(hidden)
-            if aux is not None:
-                b.aux.copy_(aux)
+        keep_outputs(b, *self._compute(b))
 
     def _build(self, q: int, ctx: int, aux_layers: tuple[int, ...]) -> _PrefillBucket:
         r = self.runner
