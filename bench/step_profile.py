@@ -195,6 +195,8 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4, help="--round: draft length")
     p.add_argument("--prefill", metavar="LENS", help="comma-separated prompt lengths: time a new request's first round")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
+    p.add_argument("--eager-prefill", action="store_true",
+                   help="--prefill: the eager path (no prefill graphs), the engine before engine/prefill_graphs.py")
     p.add_argument("--model", help="target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", help="JSON report")
     args = p.parse_args()
@@ -206,7 +208,9 @@ def main() -> None:
     aux = tuple(int(a) for a in args.aux.split(",") if a)
     rows = []
     for length in (int(x) for x in (args.prefill or "").split(",") if x):
-        row = profile_prefill(model, length, args.iters, args.top)
+        with mock.patch("engine.prefill_graphs.PrefillGraphs.bucket_for", lambda *a: None) if args.eager_prefill \
+                else ExitStack():
+            row = profile_prefill(model, length, args.iters, args.top)
         rows.append(row)
         print(f"prefill {length:5d} tokens: {row['prefill_ms']:.3f} ms, {row['kernels']} kernels "
               f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)

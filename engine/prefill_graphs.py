@@ -17,7 +17,7 @@ Buckets are (Q, context, aux layers), captured lazily into one pool; on a CPU th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -35,7 +35,7 @@ class _PrefillBucket:
     attn: StaticAttention     # rows 1, q_len Q, the torch path
     aux_layers: tuple[int, ...]
     input_ids: torch.Tensor   # [Q] long
-    positions: torch.Tensor   # [Q] long
+    start: torch.Tensor       # [1] long: the chunk's first position (the rest follow in the graph)
     logit_rows: torch.Tensor  # [max_logits] long: which rows go through the LM head
     logits: torch.Tensor | None = None  # [max_logits, vocab] float32
     hidden: torch.Tensor | None = None  # [max_logits, hidden]
@@ -56,6 +56,7 @@ class PrefillGraphs:
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < self.max_context) + (self.max_context,)
         self._buckets: dict[tuple[int, int, tuple[int, ...]], _PrefillBucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._arange = torch.arange(PREFILL_BUCKETS[-1], device=runner.device)  # positions past a chunk's start
 
     def bucket_for(self, start: int, n: int, num_logits: int, aux_layers: tuple[int, ...]
                    ) -> tuple[int, int, tuple[int, ...]] | None:
@@ -69,7 +70,7 @@ class PrefillGraphs:
         ctx = next(c for c in self.context_buckets if c >= start + q)
         return q, ctx, aux_layers
 
-    def run(self, key: tuple[int, int, tuple[int, ...]], seq_id: str, tokens: list[int], start: int,
+    def run(self, key: tuple[int, int, tuple[int, ...]], seq_id: str, tokens: Sequence[int], start: int,
             num_logits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The chunk (in the allocator up to start + n) -> (logits [num_logits, vocab] float32, hidden
         [num_logits, hidden], aux [n, aux] or None): views of the bucket's buffers."""
@@ -77,11 +78,13 @@ class PrefillGraphs:
         q, n = key[0], len(tokens)
         alloc = self.runner.allocator
         b.attn.set_rows([alloc.block_table(seq_id)], [start + q])
-        host = torch.tensor([tokens + [0] * (q - n), list(range(start, start + q))], dtype=torch.long)
-        b.input_ids.copy_(host[0], non_blocking=True)
-        b.positions.copy_(host[1], non_blocking=True)
-        rows = list(range(n - max(num_logits, 1), n))  # no logits wanted (a chunk of a prompt): one, unread
-        b.logit_rows.copy_(torch.tensor(rows + [n - 1] * (self.max_logits - len(rows))), non_blocking=True)
+        ids = torch.zeros(q, dtype=torch.long)  # padding tokens: id 0
+        ids[:n] = torch.as_tensor(tokens, dtype=torch.long)
+        b.input_ids.copy_(ids, non_blocking=True)
+        b.start.fill_(start)
+        # the last num_logits real rows (none wanted, a chunk of a prompt: one, unread), padded with the last
+        first = n - max(num_logits, 1)
+        b.logit_rows.copy_(torch.arange(first, first + self.max_logits).clamp(max=n - 1), non_blocking=True)
         if b.graph is not None:
             b.graph.replay()
         else:
@@ -92,7 +95,8 @@ class PrefillGraphs:
     def _compute(self, b: _PrefillBucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         model = self.runner.model
         b.attn.prepare()
-        hidden, aux = model.forward_aux(b.input_ids, b.positions, b.attn, b.aux_layers)
+        positions = b.start + self._arange[: b.input_ids.shape[0]]
+        hidden, aux = model.forward_aux(b.input_ids, positions, b.attn, b.aux_layers)
         hidden = hidden[b.logit_rows]
         return model.compute_logits(hidden), hidden, aux
 
@@ -105,7 +109,8 @@ class PrefillGraphs:
         attn = StaticAttention(r.cache, r.model.config.num_heads, 1, q, -(-ctx // r.cache.block_size),
                                self.scratch_block, use_kernel=False)
         b = _PrefillBucket(attn, aux_layers, torch.zeros(q, dtype=torch.long, device=dev),
-                           torch.arange(q, device=dev), torch.zeros(self.max_logits, dtype=torch.long, device=dev))
+                           torch.zeros(1, dtype=torch.long, device=dev),
+                           torch.zeros(self.max_logits, dtype=torch.long, device=dev))
         with torch.inference_mode():
             self._forward(b)  # allocates the outputs (the padding row set writes only the scratch block)
         if self.capture:

@@ -75,6 +75,19 @@ class ModelRunner:
     def free(self, seq_id: str) -> None:
         self.allocator.free(seq_id)
 
+    def _prefill(self, c: Chunk, aux_layers: tuple[int, ...]) -> RunOutput | None:
+        """A lone chunk that is not a uniform step (a prompt) through the prefill graphs, or None (not theirs)."""
+        n = len(c.token_ids)
+        if self.prefill_graphs is None or (n <= self.graphs.max_q_len and c.num_logits == n):
+            return None
+        start = self.allocator.length(c.seq_id)
+        key = self.prefill_graphs.bucket_for(start, n, c.num_logits, aux_layers)
+        if key is None:
+            return None
+        self.allocator.extend(c.seq_id, start + n)
+        logits, hidden, aux = self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits)
+        return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
+
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Run the chunks as one batch -> logits [sum(num_logits), vocab] float32, chunk order."""
         return self.run(chunks).logits
@@ -91,13 +104,17 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        q_lens, kv_lens, tables, logit_rows, starts = [], [], [], [], []
+        for c in chunks:
+            if not c.token_ids or not 0 <= c.num_logits <= len(c.token_ids):
+                raise ValueError(f"chunk {c.seq_id}: {len(c.token_ids)} tokens, {c.num_logits} logits")
+        if len(chunks) == 1 and features is None:
+            out = self._prefill(chunks[0], tuple(aux_layers))
+            if out is not None:
+                return out
+        q_lens, kv_lens, tables, logit_rows = [], [], [], []
         for c in chunks:
             n = len(c.token_ids)
-            if n == 0 or not 0 <= c.num_logits <= n:
-                raise ValueError(f"chunk {c.seq_id}: {n} tokens, {c.num_logits} logits")
             start = alloc.length(c.seq_id)
-            starts.append(start)
             alloc.extend(c.seq_id, start + n)
             ids.extend(c.token_ids)
             positions.extend(range(start, start + n))
@@ -106,14 +123,6 @@ class ModelRunner:
             q_lens.append(n)
             kv_lens.append(start + n)
             tables.append(tuple(alloc.block_table(c.seq_id)))
-        if self.prefill_graphs is not None and features is None and len(chunks) == 1:
-            c = chunks[0]
-            n = len(c.token_ids)
-            pkey = self.prefill_graphs.bucket_for(starts[0], n, c.num_logits, tuple(aux_layers))
-            if pkey is not None and (n > self.graphs.max_q_len or c.num_logits < n):  # not a uniform step
-                logits, hidden, aux = self.prefill_graphs.run(pkey, c.seq_id, list(c.token_ids), starts[0],
-                                                              c.num_logits)
-                return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
         dev = self.device
         meta = AttentionMetadata(q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), block_tables=tuple(tables),
                                  slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))

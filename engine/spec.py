@@ -268,12 +268,12 @@ class SpecDecoder:
         self._batch_policy()
         ks = [self.draft_len(r, k) for r, k in zip(reqs, ks or [None] * len(reqs))]
         chunks = chunks or [None] * len(reqs)
-        plain, fast, slow = [], [], []
+        plain, fast, slow = [], [], []  # fast: (request, its drafts to verify)
         for r, k, c in zip(reqs, ks, chunks):
             if c is None and self._plain_ready(r):
-                plain.append(r)
+                plain.append((r, 0))
             elif c is None and self._fused_ready(r, k):
-                fast.append(r)
+                fast.append((r, min(k, self.fused.k)))  # no drafter: plain, whatever k asks
             else:
                 slow.append((r, k, c))
         eager = []
@@ -282,7 +282,7 @@ class SpecDecoder:
         for (r, _, c), it in zip(slow, self.propose([r for r, _, _ in slow], [k for _, k, _ in slow])):
             if c is None and self._fused_takes(r, it):
                 self._pending[r.request_id] = (list(it.drafts), it.probs)
-                fast.append(r)
+                fast.append((r, len(it.drafts)))
             else:
                 eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
         outputs = self._fused_round(fast, self.fused) if fast else []
@@ -323,16 +323,16 @@ class SpecDecoder:
                 and (r.params.greedy or item.probs is not None)
                 and f.fits(len(r.token_ids)) and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
-    def _fused_round(self, reqs: list[Request], fused: FusedRounds) -> list[RequestOutput]:
-        k = fused.k
+    def _fused_round(self, reqs: list[tuple[Request, int]], fused: FusedRounds) -> list[RequestOutput]:
+        """reqs: each request with the drafts it verifies (``draft_len``: the graph's k, fewer near its end)."""
         rows = []
-        for r in reqs:
+        for r, num_draft in reqs:
             drafts, q = self._pending.get(r.request_id, ([], None))
-            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, max(0, min(k, r.room() - 1)), q,
+            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, num_draft, q,
                                  None if r.params.greedy else self._generator(r)))
         results = fused.run(rows)
         outputs = []
-        for r, row, res in zip(reqs, rows, results):
+        for (r, _), row, res in zip(reqs, rows, results):
             drafted = row.num_draft
             accepted = res.num_accepted
             r.rounds += 1
@@ -342,7 +342,7 @@ class SpecDecoder:
             outputs.append(r.output(kept, delta, accepted, drafted))
             if r.finished:
                 self._finish(r)
-            elif k:
+            elif fused.k:
                 self._pending[r.request_id] = (res.next_drafts, res.next_q)
         return outputs
 
