@@ -16,10 +16,11 @@ host reads once per round; the next drafts' q (sampled rows) stays on the device
 round verifies them, and everything else the next round needs stays in the two KV caches.
 With k = 0 and no drafter it is plain decoding (greedy or sampled) through one graph per step.
 
-Randomness never comes from inside a graph: a sampled row's coins (``coin_width`` uniforms and one
-row of Exponential(1) noise per round, as the eager round draws them) come from the request's own
-generator into the round's preallocated buffers before the replay, and the drafter draws its own
-noise the same way; so a seeded request decodes the same tokens on this path as on the eager one.
+Randomness never comes from inside a graph: a sampled row's coins (k uniforms and one
+row of Exponential(1) noise per round, as the eager round draws them) are drawn for the whole batch
+into the round's preallocated buffers before the replay, one launch each, from the requests' seeds
+and draw numbers (engine/sampling/coins.py); the drafter draws its noise the same way. So a seeded
+request decodes the same tokens on this path as on the eager one.
 
 Host work per round: grow each row's KV allocation for the round, copy the tokens, block tables
 and (sampled) parameters and coins in, replay, read the one buffer, roll each row's KV back to its
@@ -39,7 +40,7 @@ import torch
 from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
-from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
+from engine.sampling import coins, greedy_verify, probs_from_logits, rejection_sample
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram, Drafter
@@ -69,7 +70,7 @@ class FusedRow:
     params: SamplingParams          # seed resolved
     num_draft: int                  # drafts to verify, <= k: fewer near max_tokens, as the eager round
     q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
-    generator: torch.Generator | None = None  # the request's coins (sampled rows)
+    draw: int = 0                   # the request's draw number for this round's coins (sampled rows)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ class RoundSampling:
 
     filtered: bool
     params: torch.Tensor       # [R, 4] float32
-    uniforms: torch.Tensor     # [R, coin_width] float32: the round's acceptance coins
+    draws: torch.Tensor        # [2, R] int64: each row's seed and draw number
+    uniforms: torch.Tensor     # [R, k] float32: the round's acceptance coins
     noise: torch.Tensor        # [R, V] float32 Exponential(1): the recovered / bonus draw
     q_in: torch.Tensor | None  # [R, k, V] float32: q of the drafts being verified (k > 0)
     zero_q: torch.Tensor | None  # [k, V] zeros: the q of a greedy row (any finite q; its result is unused)
@@ -99,10 +101,11 @@ class RoundSampling:
     top_p: torch.Tensor | None = None        # [R] float32
 
     @classmethod
-    def allocate(cls, rows: int, k: int, coin_width: int, vocab: int, filtered: bool,
+    def allocate(cls, rows: int, k: int, vocab: int, filtered: bool,
                  device: torch.device) -> "RoundSampling":
         params = torch.tensor([[1.0, 1.0, 0.0, 1.0]] * rows, device=device)
-        return cls(filtered, params, torch.zeros(rows, coin_width, device=device), torch.ones(rows, vocab, device=device),
+        return cls(filtered, params, torch.zeros(2, rows, dtype=torch.long, device=device),
+                   torch.zeros(rows, k, device=device), torch.ones(rows, vocab, device=device),
                    torch.zeros(rows, k, vocab, device=device) if k else None,
                    torch.zeros(k, vocab, device=device) if k else None)
 
@@ -112,17 +115,19 @@ class RoundSampling:
         self.temperature, self.top_k, self.top_p = self.params[:, 1], self.params[:, 2].long(), self.params[:, 3]
 
     def load(self, rows: Sequence["FusedRow"]) -> None:
-        """Parameters, coins (from each sampled row's generator, as ``SpecDecoder._coins`` draws them)
-        and the pending drafts' q; rows past the batch become greedy padding."""
-        n = len(rows)
+        """Parameters, coins (every row's at its seed and draw, as ``SpecDecoder._coins`` draws them; a
+        greedy or padding row's are drawn and unused) and the pending drafts' q; rows past the batch become
+        greedy padding."""
+        n, pad = len(rows), self.params.shape[0] - len(rows)
         table = [[1.0, 1.0, 0.0, 1.0] if r.params.greedy else
                  [0.0, r.params.temperature, float(r.params.top_k), r.params.top_p] for r in rows]
-        table += [[1.0, 1.0, 0.0, 1.0]] * (self.params.shape[0] - n)
-        self.params.copy_(torch.tensor(table), non_blocking=True)
-        for i, r in enumerate(rows):
-            if not r.params.greedy:
-                self.uniforms[i].uniform_(generator=r.generator)
-                self.noise[i].exponential_(generator=r.generator)
+        self.params.copy_(torch.tensor(table + [[1.0, 1.0, 0.0, 1.0]] * pad), non_blocking=True)
+        self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
+                                       [r.draw for r in rows] + [0] * pad]), non_blocking=True)
+        if any(not r.params.greedy for r in rows):
+            seeds, counters = self.draws
+            coins.fill(self.uniforms, seeds, counters, coins.Stream.ACCEPT)
+            coins.fill(self.noise, seeds, counters, coins.Stream.RECOVER, exponential=True)
         if self.q_in is not None:  # one gather straight into the buffer
             torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])
 
@@ -140,13 +145,11 @@ class _RoundGraph:
 
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
-                 max_context: int, capture: bool, coin_width: int) -> None:
-        """coin_width: uniforms a sampled request draws per round (the engine's max_k, as the eager round)."""
+                 max_context: int, capture: bool) -> None:
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         self.target, self.drafter, self.k = target, drafter, k
         self.capture = capture
-        self.coin_width = max(coin_width, k)
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
@@ -218,7 +221,7 @@ class FusedRounds:
             s.unpack()
             per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
             probs = probs_from_logits(logits, *per_position, s.filtered).view(rows, k + 1, -1)
-            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms[:, :k], s.noise)
+            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise)
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)
         parts = [committed, accepted[:, None]]
@@ -240,7 +243,7 @@ class FusedRounds:
         attn = StaticAttention(t.cache, t.model.config.num_heads, rows, self.k + 1, blocks, self.scratch_block)
         sampling = None
         if mode != Mode.GREEDY:
-            sampling = RoundSampling.allocate(rows, self.k, self.coin_width, t.vocab_size, mode == Mode.FILTERED,
+            sampling = RoundSampling.allocate(rows, self.k, t.vocab_size, mode == Mode.FILTERED,
                                               t.device)
         program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)

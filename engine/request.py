@@ -59,7 +59,7 @@ class Request:
     rounds: int = 0
     accepted: int = 0
     drafted: int = 0
-    generator: torch.Generator | None = None
+    draws: int = 0                  # rounds of coins drawn from the target's streams (engine/sampling/coins.py)
     features: FeatureQueue = field(default_factory=FeatureQueue)  # target features not yet handed to a drafter
 
     def __post_init__(self) -> None:

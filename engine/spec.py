@@ -35,7 +35,7 @@ from engine.drafters.base import Drafter, DraftRequest
 from engine.fused_round import FusedRounds, FusedRow
 from engine.request import FinishReason, Request, RequestOutput
 from engine.runner import Chunk, ModelRunner
-from engine.sampling import PLACEHOLDER_TOKEN_ID, greedy_verify, probs_from_logits, rejection_sample
+from engine.sampling import PLACEHOLDER_TOKEN_ID, coins, greedy_verify, probs_from_logits, rejection_sample
 from engine.tokenizer import Tokenizer
 
 
@@ -82,7 +82,7 @@ class SpecDecoder:
         if config.use_fused_rounds:
             def fused(k: int, d: Drafter | None) -> FusedRounds:
                 return FusedRounds(target, d, k, config.max_batch_size, self.max_context,
-                                   capture=target.device.type == "cuda", coin_width=config.max_k)
+                                   capture=target.device.type == "cuda")
 
             if drafter is None or config.k == 0 or drafter.graph_rounds:
                 self.fused = fused(config.k if drafter is not None else 0, drafter if config.k else None)
@@ -328,8 +328,9 @@ class SpecDecoder:
         rows = []
         for r, num_draft in reqs:
             drafts, q = self._pending.get(r.request_id, ([], None))
-            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, num_draft, q,
-                                 None if r.params.greedy else self._generator(r)))
+            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, num_draft, q, r.draws))
+            if not r.params.greedy:
+                r.draws += 1
         results = fused.run(rows)
         outputs = []
         for (r, _), row, res in zip(reqs, rows, results):
@@ -447,24 +448,16 @@ class SpecDecoder:
                 q[i, torch.arange(n, device=dev), torch.tensor(list(it.drafts), device=dev)] = 1.0
         return q
 
-    def _coins(self, reqs: list[Request], k: int, vocab: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-request random draws: k uniforms and one row of Exponential(1) noise each.
-
-        Every request draws max_k uniforms per round whatever the batch's k, so its random stream,
-        and with it its seeded output, does not depend on which requests share its rounds."""
-        uniforms = torch.empty(len(reqs), self.config.max_k, device=dev)
-        noise = torch.empty(len(reqs), vocab, device=dev)
-        for i, r in enumerate(reqs):
-            gen = self._generator(r)
-            uniforms[i].uniform_(generator=gen)
-            noise[i].exponential_(generator=gen)
-        return uniforms[:, :k], noise
-
-    def _generator(self, r: Request) -> torch.Generator:
-        """The request's own random stream for acceptance coins and recovered / bonus draws (from its seed)."""
-        if r.generator is None:
-            r.generator = torch.Generator(device=self.target.device).manual_seed(r.params.seed)
-        return r.generator
+    @staticmethod
+    def _coins(reqs: list[Request], k: int, vocab: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's draws of each request: k acceptance uniforms and one row of Exponential(1) noise,
+        at the request's next draw number (engine/sampling/coins.py: a draw depends only on the request's
+        seed and draw number, so its seeded output does not depend on which requests share its rounds)."""
+        seeds, counters = [r.params.seed for r in reqs], [r.draws for r in reqs]
+        for r in reqs:
+            r.draws += 1
+        return (coins.draw(seeds, counters, k, coins.Stream.ACCEPT, dev),
+                coins.draw(seeds, counters, vocab, coins.Stream.RECOVER, dev, exponential=True))
 
     # ------------------------------------------------------------------ convenience
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]

@@ -5,6 +5,8 @@
   probabilities, and ``sample_final``: the recovered/bonus token by the exponential race.
 - ``kv_slots``: paged-KV slots and positions of the tokens a batch appends.
 - ``next_inputs``: the last committed token and new lengths the next round starts from.
+- ``philox``: counter-based random rows (a batch's coins from its seeds and draw numbers); its
+  torch reference is ``philox_ref`` (no triton: the engine's CPU path).
 - ``rmsnorm`` and ``rotary``: a decode forward's norms and rotary embedding, one launch each
   instead of about eight and ten (``python -m bench.op_count`` shows why that matters).
 

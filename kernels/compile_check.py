@@ -12,7 +12,12 @@ import sys
 
 
 def _cases():
-    from kernels import fused_norm, rmsnorm, rotary, silu_mul, static_attention
+    from kernels import fused_norm, philox, rmsnorm, rotary, silu_mul, static_attention
+
+    for exponential in (False, True):
+        yield (f"philox exponential={exponential}", philox._philox_kernel,
+               dict(out_ptr="*fp32", seeds_ptr="*i64", counters_ptr="*i64", out_stride="i32", N="i32", col0="i32",
+                    stream="i32"), dict(EXPONENTIAL=exponential, ROUNDS=philox.ROUNDS, BLOCK=philox.BLOCK))
 
     for dt in ("bf16", "fp16", "fp32"):
         sig = {n: f"*{dt}" for n in ("q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "out_ptr")}

@@ -105,7 +105,3 @@ class FeatureQueue:
             self.start += self.features.shape[0] - limit
             self.features = self.features[-limit:]
 
-
-def draft_seed(seed: int) -> int:
-    """The drafter's random stream for a request: derived from, but independent of, the target's."""
-    return (seed * 6364136223846793005 + 1442695040888963407) % (2**63)

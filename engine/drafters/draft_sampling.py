@@ -3,53 +3,43 @@
 Greedy requests draft the argmax. Sampled requests draw from q = the drafter's distribution
 shaped by the request's temperature / top-k / top-p; with ``top_m`` set, q is first cut to its
 m most likely tokens and renormalized, so the drafter samples from exactly the distribution
-that crosses the wire (which keeps verification lossless). Each request has its own random
-stream, derived from its seed. A drafter may hold that stream to a fixed number of draws per
-round (``skip``): a fused round draws the next round's noise before it knows how many drafts
-that round will keep, so the eager drafter draws (or skips) as many, and a seeded request
-decodes the same tokens on both paths.
+that crosses the wire (which keeps verification lossless). A request's draft noise is its
+``Stream.DRAFT`` (engine/sampling/coins.py): round n's step j reads the row at the request's
+draw number n, columns j*V .. (j+1)*V. A round advances the draw number by one however many
+steps it drafted (``end_round``), so the eager drafter and a fused round (which draws all k
+steps' noise before it knows how many drafts the round keeps) read the same numbers, and a
+seeded request decodes the same tokens on both paths.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
-from engine.drafters.base import DraftRequest, draft_seed
-from engine.sampling import probs_from_logits, sample_from_probs
+from engine.config import SamplingParams
+from engine.drafters.base import DraftRequest
+from engine.sampling import coins, probs_from_logits, sample_from_probs
 
 
 class DraftSampler:
-    def __init__(self, target_vocab: int, top_m: int = 0, device: torch.device | str = "cpu",
-                 draws_per_round: int = 0) -> None:
-        """draws_per_round: noise rows a sampled request's stream advances by each round (``skip``); a fused
-        round draws k (the engine's k) for the next round; 0: as many as drafted."""
+    def __init__(self, target_vocab: int, top_m: int = 0) -> None:
         self.target_vocab = target_vocab
         self.top_m = top_m
-        self.draws_per_round = draws_per_round
-        self._generators: dict[str, torch.Generator] = {}
-        self._device = torch.device(device)  # where the drafter's logits, and so its streams, live
+        self._draws: dict[str, int] = {}  # each sampled request's draw number (rounds drafted)
 
     def release(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+        self._draws.pop(request_id, None)
 
-    def generator(self, request_id: str, seed: int) -> torch.Generator:
-        """The request's drafting stream (derived from its seed), created on first use."""
-        gen = self._generators.get(request_id)
-        if gen is None:
-            gen = torch.Generator(device=self._device).manual_seed(draft_seed(seed))
-            self._generators[request_id] = gen
-        return gen
+    def draw_number(self, request_id: str) -> int:
+        return self._draws.get(request_id, 0)
 
-    def skip(self, reqs: Sequence[DraftRequest], drawn: Sequence[int]) -> None:
-        """Advance each sampled request's stream to ``draws_per_round`` noise rows this round (``drawn``: rows
-        already drawn for it)."""
-        for r, n in zip(reqs, drawn):
-            if not r.params.greedy and n < self.draws_per_round:
-                gen = self.generator(r.request_id, r.params.seed)
-                torch.empty(self.draws_per_round - n, self.target_vocab, device=self._device).exponential_(
-                    generator=gen)
+    def end_round(self, rows: Iterable[tuple[str, SamplingParams]]) -> None:
+        """(request_id, params) of the round's requests: each sampled one drafts its next round from its next
+        draw number."""
+        for rid, params in rows:
+            if not params.greedy:
+                self._draws[rid] = self.draw_number(rid) + 1
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [N, V_draft] -> [N, V_target] (cut padding rows, or -inf for ids the drafter lacks)."""
@@ -60,8 +50,10 @@ class DraftSampler:
             return torch.nn.functional.pad(logits, (0, self.target_vocab - v), value=float("-inf"))
         return logits
 
-    def pick(self, logits: torch.Tensor, reqs: Sequence[DraftRequest]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits: [N, V] one row per request -> tokens [N], q [N, V] (None when every request is greedy)."""
+    def pick(self, logits: torch.Tensor, reqs: Sequence[DraftRequest], step: int
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits: [N, V] one row per request, at draft step ``step`` of the round -> tokens [N], q [N, V]
+        (None when every request is greedy)."""
         logits = self.fit_vocab(logits)
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
@@ -76,10 +68,10 @@ class DraftSampler:
             torch.tensor([p.top_p for p in params], device=dev))
         if self.top_m:
             q_rows = keep_top_m(q_rows, self.top_m)
-        for row, i in enumerate(sampled):
-            gen = self.generator(reqs[i].request_id, reqs[i].params.seed)
-            noise = torch.empty(q_rows.shape[-1], device=dev).exponential_(generator=gen)
-            tokens[i] = sample_from_probs(q_rows[row], noise)
+        v = q_rows.shape[-1]
+        noise = coins.draw([p.seed for p in params], [self.draw_number(reqs[i].request_id) for i in sampled], v,
+                           coins.Stream.DRAFT, dev, col0=step * v, exponential=True)
+        tokens[sampled] = sample_from_probs(q_rows, noise)
         q = torch.zeros_like(logits)
         q[sampled] = q_rows
         return tokens, q

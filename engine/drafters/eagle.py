@@ -56,7 +56,7 @@ class EagleDrafter:
         self.target_features = head.eagle.aux_layers
         self.feature_size = head.eagle.aux_size
         self.runner = ModelRunner(head, config)
-        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m, config.device, config.k)
+        self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
         self._states: dict[str, _State] = {}
 
     def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False):
@@ -139,7 +139,7 @@ class EagleDrafter:
         features = torch.cat(feats)
         for step in range(kmax):
             out = self.runner.run(chunks, features=features)
-            tokens, q = self.sampler.pick(out.logits, [requests[i] for i in active])
+            tokens, q = self.sampler.pick(out.logits, [requests[i] for i in active], step)
             if q is not None:
                 if probs is None:
                     probs = torch.zeros(len(requests), kmax, q.shape[-1], device=q.device)
@@ -152,5 +152,5 @@ class EagleDrafter:
             active = [active[j] for j in keep]
             chunks = [Chunk(requests[i].request_id, [drafts[i][-1]]) for i in active]
             features = out.hidden[keep]
-        self.sampler.skip(requests, [len(d) for d in drafts])
+        self.sampler.end_round((r.request_id, r.params) for r in requests)
         return DraftProposal(token_ids=drafts, probs=probs)

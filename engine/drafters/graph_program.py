@@ -12,9 +12,9 @@ on, so entry p lives at KV index p - first_position. In the graph it
 Every length is derived on the device from ``num_accepted``; the host only grows each request's
 KV before the round (to L + 2k entries) and cuts it to the committed length after. In a sampling
 round every draft is picked as ``DraftSampler.pick`` picks it (``pick_in_graph``: argmax for greedy
-rows, the exponential race over q for sampled ones) with noise the host drew from the request's
-drafting stream into ``noise`` before the replay, k rows per round, the draws the eager drafter
-would make; the q of each draft goes back with the drafts.
+rows, the exponential race over q for sampled ones) with noise drawn for every row into ``noise``
+before the replay (one launch: each request's ``Stream.DRAFT`` at its draw number, k steps' columns),
+the draws the eager drafter would make; the q of each draft goes back with the drafts.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.drafters.draft_sampling import DraftSampler, pick_in_graph
 from engine.graphs import PAD_SEQ
+from engine.sampling import coins
 
 if TYPE_CHECKING:
     from engine.fused_round import RoundSampling
@@ -49,8 +50,9 @@ class GraphDraftProgram:
         self.step.block_table = self.catch.block_table  # one table serves every forward of the round
         self._rows = torch.arange(rows, device=self.device)
         self._offsets = torch.arange(k + 1, device=self.device)
-        # [R, k, V] Exponential(1) noise for sampled rows
+        # [R, k, V] Exponential(1) noise for sampled rows, drawn at [2, R] (seed, draw number)
         self.noise = torch.ones(rows, k, sampler.target_vocab, device=self.device) if sampled else None
+        self.draws = torch.zeros(2, rows, dtype=torch.long, device=self.device) if sampled else None
 
     # ------------------------------------------------------------------ what a subclass says
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra: Any
@@ -75,12 +77,14 @@ class GraphDraftProgram:
                 alloc.extend(rid, length + 2 * k + 1 - first)
         self.catch.set_rows([alloc.block_table(rid) for rid, _, _ in rows],
                             [length + k + 2 - first for _, length, _ in rows])
-        if self.noise is not None:
-            for i, (rid, _, params) in enumerate(rows):
-                if not params.greedy:
-                    gen = self.sampler.generator(rid, params.seed)
-                    for j in range(k):
-                        self.noise[i, j].exponential_(generator=gen)
+        if self.noise is not None and any(not params.greedy for _, _, params in rows):
+            pad = [0] * (self.rows - len(rows))
+            self.draws.copy_(torch.tensor([[params.seed for _, _, params in rows] + pad,
+                                           [self.sampler.draw_number(rid) for rid, _, _ in rows] + pad]),
+                             non_blocking=True)
+            coins.fill(self.noise.view(self.rows, -1), self.draws[0], self.draws[1], coins.Stream.DRAFT,
+                       exponential=True)
+            self.sampler.end_round((rid, params) for rid, _, params in rows)
 
     def commit(self, request_id: str, committed: int) -> None:
         """After the round: keep the entries of the ``committed`` tokens (positions 0 .. committed - 1)."""

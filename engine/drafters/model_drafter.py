@@ -40,7 +40,7 @@ class ModelDrafter:
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
         self.runner = ModelRunner(model, config)
-        self.sampler = DraftSampler(target_vocab, config.draft_top_m, config.device, config.k)
+        self.sampler = DraftSampler(target_vocab, config.draft_top_m)
         self._states: dict[str, _State] = {}
 
     def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False) -> "ModelProgram":
@@ -87,7 +87,7 @@ class ModelDrafter:
         chunks = [Chunk(r.request_id, self._catch_up(r)) for r in requests]
         for step in range(kmax):
             logits = self.runner.forward(chunks)
-            tokens, q = self.sampler.pick(logits, [requests[i] for i in active])
+            tokens, q = self.sampler.pick(logits, [requests[i] for i in active], step)
             tokens = tokens.tolist()
             if q is not None:
                 if probs is None:
@@ -102,7 +102,7 @@ class ModelDrafter:
             for i in active:
                 self._states[requests[i].request_id].cached.append(drafts[i][-1])
                 chunks.append(Chunk(requests[i].request_id, [drafts[i][-1]]))
-        self.sampler.skip(requests, [len(d) for d in drafts])
+        self.sampler.end_round((r.request_id, r.params) for r in requests)
         return DraftProposal(token_ids=drafts, probs=probs)
 
 

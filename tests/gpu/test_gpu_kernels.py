@@ -44,3 +44,19 @@ def test_add_rmsnorm_and_silu_mul(dtype):
     torch.testing.assert_close(out, want_out, **TOL[dtype])
     gu = (torch.randn(33, 3072, device="cuda", generator=g) * 3).to(dtype)
     torch.testing.assert_close(silu_mul(gu), silu_mul_reference(gu), **TOL[dtype])
+
+
+def test_philox_random_rows_compiled_equal_the_reference():
+    from kernels.philox import random_rows
+    from kernels.philox_ref import random_rows_reference
+
+    seeds = torch.tensor([0, 1, 12345, 2**63 - 1, 2**40 + 7])
+    counters = torch.tensor([0, 1, 5, 2**33 + 3, 77])
+    for stream, col0, exponential in ((0, 0, False), (1, 0, True), (2, 3 * 49152, True)):
+        want = random_rows_reference(seeds, counters, stream, 49152, col0, exponential)
+        got = random_rows(torch.empty(5, 49152, device="cuda"), seeds.cuda(), counters.cuda(), stream, col0,
+                          exponential).cpu()
+        if exponential:  # the GPU's log rounds its own way
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        else:
+            assert torch.equal(got, want)

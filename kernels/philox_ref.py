@@ -1,0 +1,51 @@
+"""The torch reference of ``kernels/philox.py``, importable without triton (the engine's CPU path).
+
+Philox4x32-10 (Salmon et al., SC'11) on int64 tensors holding 32-bit words. Checked against the
+Random123 known-answer vectors in tests/kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# round multipliers and key increments
+M0, M1 = 0xD2511F53, 0xCD9E8D57
+W0, W1 = 0x9E3779B9, 0xBB67AE85
+ROUNDS = 10
+MASK32 = 0xFFFFFFFF
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a (32-bit constant) * b ([...] int64 holding uint32) -> (high, low) 32-bit words, no int64 overflow."""
+    p_lo = a * (b & 0xFFFF)               # < 2**48
+    p_hi = a * (b >> 16)                  # < 2**48: the product is p_lo + p_hi * 2**16
+    mid = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2**49
+    return (p_hi >> 16) + (mid >> 32), mid & MASK32
+
+
+def philox_reference(k0: torch.Tensor, k1: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor,
+                     c2: torch.Tensor, c3: torch.Tensor) -> torch.Tensor:
+    """Broadcastable int64 tensors holding uint32 words -> the first output word (int64 in [0, 2**32))."""
+    for _ in range(ROUNDS):
+        hi0, lo0 = _mulhilo(M0, c0)
+        hi1, lo1 = _mulhilo(M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + W0) & MASK32, (k1 + W1) & MASK32
+    return c0
+
+
+def random_rows_reference(
+    seeds: torch.Tensor,     # [R] int64 in [0, 2**63)
+    counters: torch.Tensor,  # [R] int64 >= 0: the draw each row is at
+    stream: int,
+    cols: int,
+    col0: int = 0,
+    exponential: bool = False,
+) -> torch.Tensor:           # [R, cols] float32
+    s = seeds.long().unsqueeze(1)
+    n = counters.long().unsqueeze(1)
+    col = (col0 + torch.arange(cols, device=seeds.device, dtype=torch.long)).unsqueeze(0)
+    x = philox_reference(s & MASK32, s >> 32, col & MASK32, n & MASK32, n >> 32,
+                         torch.full_like(s, stream & MASK32))
+    u = ((x >> 9).float() + 0.5) * 2.0 ** -23
+    return -torch.log(u) if exponential else u
