@@ -12,6 +12,9 @@
 #    the measured pass (64 prompts per dataset).
 # D (prefill graphs, co-located Step on fused rounds): the GPU graph and fused-round tests, the prefill profile
 #    (64 / 256 / 1,024-token prompts), then tandem bench at batch 1 and 4 after a warm-up pass (16 prompts).
+# E (counter-based coins): the GPU sampling tests, then tandem bench at temperature 0.7 (HumanEval, batch 1-64,
+#    64 prompts) after a warm-up pass; with BASE=DIR (an older tree, e.g. `git archive` into .carry/base) the
+#    same bench there instead, for an A/B on one machine.
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -20,7 +23,21 @@ bench() {  # seconds, name, flags...
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
   grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
 }
-if [ "${PART:-A}" = D ]; then
+if [ "${PART:-A}" = E ]; then
+  if [ -z "${BASE:-}" ]; then
+    timeout "${TESTS_S:-200}" python3 -m pytest -q "tests/gpu/test_gpu_kernels.py::test_philox_random_rows_compiled_equal_the_reference" \
+      tests/gpu/test_gpu_fused_sampling.py "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy" \
+      > "$OUT/gpu-tests.log" 2>&1
+    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  else
+    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
+  fi
+  grid=(--drafts none,auto --baselines none --temperatures 0.7 --dataset humaneval --batch-sizes 1,4,16,64)
+  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
+  bench 120 "warm" "${grid[@]}" --num-prompts 64 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
+  echo "warm-up pass done at $SECONDS s"
+  bench "${MAIN_S:-200}" "$name-sampled" "${grid[@]}" --num-prompts 64
+elif [ "${PART:-A}" = D ]; then
   timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
     > "$OUT/gpu-tests.log" 2>&1
   tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
