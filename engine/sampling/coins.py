@@ -10,8 +10,9 @@ count for its noise), so
 - the eager round and the fused round's buffers draw the same numbers for the same (seed, draw),
   whatever the batch, the k of the batch or the path a round took.
 
-On CUDA outside autograd the Triton kernel fills the buffer; elsewhere the torch reference
-(the same words; tests/kernels checks they agree), so a CPU run is reproducible as well.
+On CUDA the Triton kernel fills the buffer (random numbers carry no gradient, so autograd's
+state does not matter: the reference on a GPU would be ~200 launches); elsewhere the torch
+reference (the same words; tests/kernels checks they agree), so a CPU run is reproducible too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Sequence
 
 import torch
 
-from engine.models.ops import use_kernels
 from kernels.philox_ref import random_rows_reference
 
 
@@ -39,7 +39,7 @@ def fill(out: torch.Tensor,       # [R, N] float32, written in place (columns co
          stream: Stream, col0: int = 0, exponential: bool = False) -> torch.Tensor:
     """Each row's draws at its (seed, counter) for columns col0 .. col0 + N - 1; uniforms in (0, 1), or
     Exponential(1) noise. Returns ``out``."""
-    if use_kernels(out):
+    if out.is_cuda:
         from kernels.philox import random_rows
 
         return random_rows(out, seeds, counters, int(stream), col0, exponential)
