@@ -6,12 +6,23 @@ validated once at startup and turned into the engine's frozen dataclasses.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
+
+
+def _none_word(value: object) -> object:
+    """``none`` (any case) or an empty value, from a TANDEM_* variable or a flag, means None."""
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return value
+
+
+# an optional number that the environment and the flags can also turn off with "none"
+OptionalInt = Annotated[int | None, BeforeValidator(_none_word)]
 
 
 class TandemSettings(BaseSettings):
@@ -20,7 +31,7 @@ class TandemSettings(BaseSettings):
 
 class ServerSettings(TandemSettings):
     host: str = Field("0.0.0.0", description="address to listen on")
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port (none: off)")
+    metrics_port: OptionalInt = Field(None, ge=0, le=65535, description="Prometheus /metrics port (none: off)")
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest gRPC message accepted")
     grace_s: float = Field(5.0, ge=0, description="seconds to finish in-flight RPCs on shutdown")
 
@@ -34,13 +45,13 @@ class EngineSettings(ServerSettings):
     device: str | None = Field(None, description="cpu or cuda[:N] (default cuda when present)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     attention: Literal["auto", "torch", "flashinfer"] = "auto"
-    kv_cache_tokens: int | None = Field(None, ge=16)
+    kv_cache_tokens: OptionalInt = Field(None, ge=16)
     max_batch_size: int = Field(64, ge=1)
     draft_top_m: int = Field(32, ge=0, description="sampled drafts cross the wire as their top m tokens")
-    max_round_tokens: int | None = Field(None, ge=16, description="token budget of one target forward (chunked "
+    max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward (chunked "
                                                                    "prefill); none: no budget")
     enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
-    spec_max_batch: int | None = Field(8, ge=0, description="fused rounds speculate only while at most this many "
+    spec_max_batch: OptionalInt = Field(8, ge=0, description="fused rounds speculate only while at most this many "
                                                              "requests run (none: always)")
 
     @model_validator(mode="after")
