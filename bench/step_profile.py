@@ -6,7 +6,8 @@ sequence, then runs one step through ``StepGraphs`` (capturing the bucket) and m
 - ``step_ms``: the whole ``runner.run`` of that step (metadata, input copies, replay, output copy);
 - the kernels of one replay (torch profiler): how many, and the ones that take the most time.
 With ``--round DRAFT`` it profiles whole fused rounds instead (engine/fused_round.py: the target's
-verify, accept and the drafter's next drafts in one graph): requests of ``--context`` prompt tokens
+verify, accept and the drafter's next drafts in one graph; ``--temperature`` > 0: sampled rounds, rejection
+sampling and sampled drafts): requests of ``--context`` prompt tokens
 decode until every one is on the fast path, then ``round_ms`` is ``SpecDecoder.step`` (all host
 work), ``run_ms`` the fused round's own ``run`` (inputs in, replay, the one read-back, rollback) and
 ``replay_ms`` the graph alone.
@@ -91,7 +92,8 @@ def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: t
             "kernel_ms": round(kernel_ms, 4), "top_kernels": top_rows}
 
 
-def profile_round(model, draft: str, k: int, batch: int, context: int, iters: int, top: int) -> dict:
+def profile_round(model, draft: str, k: int, batch: int, context: int, iters: int, top: int,
+                  temperature: float = 0.0) -> dict:
     from engine.config import SamplingParams
     from engine.drafters import DraftSpec, build_drafter
     from engine.spec import SpecDecoder
@@ -102,9 +104,9 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
                       build_drafter(DraftSpec.parse(draft), model, cfg))
     if dec.fused is None:
         raise SystemExit(f"bench.step_profile: {draft} with k={k} takes no fused rounds")
-    params = SamplingParams(max_tokens=4 * iters + 64, ignore_eos=True)
     for i in range(batch):
-        dec.add_request([(7 * i + j) % 1000 + 10 for j in range(context)], params)
+        dec.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
+                        SamplingParams(max_tokens=4 * iters + 64, ignore_eos=True, temperature=temperature, seed=i))
     run_s = []
     run = dec.fused.run
 
@@ -128,7 +130,8 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     replay_ms = _replay_ms(replay, iters)
     count, kernel_ms, top_rows = _kernels(replay, top)
     host_rows = _host_ops(dec.step, 3, top)
-    return {"round": draft, "k": k, "batch": batch, "context": context, "fused_rounds_timed": len(run_s),
+    return {"round": draft, "k": k, "batch": batch, "context": context, "temperature": temperature,
+            "fused_rounds_timed": len(run_s),
             "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
             "replay_ms": round(replay_ms, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
             "top_kernels": top_rows, "top_host_ops": host_rows}
@@ -193,6 +196,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=8, help="kernels listed per case")
     p.add_argument("--round", metavar="DRAFT", help="profile fused rounds with this drafter (none: plain decode)")
     p.add_argument("--k", type=int, default=4, help="--round: draft length")
+    p.add_argument("--temperature", type=float, default=0.0, help="--round: the requests' temperature (0: greedy)")
     p.add_argument("--prefill", metavar="LENS", help="comma-separated prompt lengths: time a new request's first round")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
     p.add_argument("--eager-prefill", action="store_true",
@@ -218,14 +222,15 @@ def main() -> None:
             print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
         print("    host (self):", "; ".join(f"{h['fn']} {h['self_ms']:.2f} ms x{h['calls']}" for h in row["top_host_fns"]))
     if args.round and not args.prefill:
+        top_shown = max(6, args.top)
         for b in (int(x) for x in args.batch.split(",")):
             row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
-                                args.top)
+                                args.top, args.temperature)
             rows.append(row)
-            print(f"round {args.round} k={row['k']} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
+            print(f"round {args.round} k={row['k']} T={args.temperature} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
                   f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
                   f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
-            for k in row["top_kernels"][:6]:
+            for k in row["top_kernels"][:top_shown]:
                 print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
             print("    host, per step:", "; ".join(f"{h['op']} {h['self_cpu_ms']:.3f} ms x{h['count']}"
                                                    for h in row["top_host_ops"][:6]))
