@@ -40,6 +40,7 @@ import torch
 from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
+from engine.models import ops
 from engine.sampling import coins, greedy_verify, probs_from_logits, rejection_sample
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ class FusedRounds:
         g.attn.prepare()
         hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
         logits = model.compute_logits(hidden)                                  # [R*(k+1), V] float32
-        committed, accepted = greedy_verify(drafts, num_draft, logits.argmax(-1).view(rows, k + 1))
+        committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))
         if s is not None:
             s.unpack()
             per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))

@@ -33,6 +33,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
 from engine.fused_round import FusedRounds, FusedRow
+from engine.models import ops
 from engine.request import FinishReason, Request, RequestOutput
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import PLACEHOLDER_TOKEN_ID, coins, greedy_verify, probs_from_logits, rejection_sample
@@ -415,7 +416,7 @@ class SpecDecoder:
                               device=dev)
         offs = torch.minimum(torch.arange(kmax + 1, device=dev).unsqueeze(0), num_draft.unsqueeze(1))
         padded = logits[starts.unsqueeze(1) + offs]                # [B, K+1, V]
-        out, num_accepted = greedy_verify(draft_ids, num_draft, padded.argmax(dim=-1))
+        out, num_accepted = greedy_verify(draft_ids, num_draft, ops.argmax(padded))
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if not sampled:
             return out, num_accepted

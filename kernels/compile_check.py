@@ -12,7 +12,13 @@ import sys
 
 
 def _cases():
-    from kernels import fused_norm, philox, rmsnorm, rotary, silu_mul, static_attention
+    from kernels import argmax_rows, fused_norm, philox, rmsnorm, rotary, silu_mul, static_attention
+
+    for noise in (False, True):
+        yield (f"argmax_rows noise={noise}", argmax_rows._argmax_rows_kernel,
+               dict(x_ptr="*fp32", noise_ptr="*fp32", val_ptr="*fp32", idx_ptr="*i64", ticket_ptr="*i32",
+                    out_ptr="*i64", V="i32", stride_x="i32", stride_n="i32", chunks="i32"),
+               dict(HAS_NOISE=noise, BLOCK=argmax_rows.BLOCK, NB=32))
 
     for exponential in (False, True):
         yield (f"philox exponential={exponential}", philox._philox_kernel,

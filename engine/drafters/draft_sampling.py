@@ -19,6 +19,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.drafters.base import DraftRequest
+from engine.models import ops
 from engine.sampling import coins, probs_from_logits, sample_from_probs
 
 
@@ -55,7 +56,7 @@ class DraftSampler:
         """logits: [N, V] one row per request, at draft step ``step`` of the round -> tokens [N], q [N, V]
         (None when every request is greedy)."""
         logits = self.fit_vocab(logits)
-        tokens = logits.argmax(dim=-1)
+        tokens = ops.argmax(logits)
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if not sampled:
             return tokens, None
@@ -100,4 +101,4 @@ def pick_in_graph(
     q = probs_from_logits(logits, temperature, top_k, top_p, filtered)
     if top_m:
         q = keep_top_m(q, top_m)
-    return torch.where(greedy, logits.argmax(dim=-1), sample_from_probs(q, noise)), q
+    return torch.where(greedy, ops.argmax(logits), sample_from_probs(q, noise)), q

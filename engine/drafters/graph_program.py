@@ -27,6 +27,7 @@ from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.drafters.draft_sampling import DraftSampler, pick_in_graph
 from engine.graphs import PAD_SEQ
+from engine.models import ops
 from engine.sampling import coins
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class GraphDraftProgram:
     def _pick(self, logits: torch.Tensor, j: int, s: "RoundSampling | None"
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if s is None:
-            return logits.argmax(-1), None
+            return ops.argmax(logits), None
         return pick_in_graph(logits, s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j], s.filtered,
                              self.sampler.top_m)
 

@@ -48,3 +48,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return kernel(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def argmax(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., V] -> [...] int64, the first index of each row's maximum; with ``noise`` (x's shape) of
+    ``x / noise`` (the exponential race). On CUDA one launch over many programs a row (torch's argmax
+    reduces a row in one block: ~12 µs over a 49k vocabulary on an H100)."""
+    if use_kernels(x) and x.dtype == torch.float32 and (noise is None or noise.shape == x.shape):
+        from kernels.argmax_rows import argmax_rows
+
+        v = x.shape[-1]
+        flat = argmax_rows(x.reshape(-1, v), None if noise is None else noise.reshape(-1, v).float())
+        return flat.view(x.shape[:-1])
+    return (x if noise is None else x / noise).argmax(dim=-1)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.models import ops
+
 
 def probs_from_logits(
     logits: torch.Tensor,       # [N, V] float32
@@ -49,4 +51,4 @@ def sample_from_probs(
     noise: torch.Tensor,  # [..., V] float32, i.i.d. Exponential(1)
 ) -> torch.Tensor:        # [...] int64
     """argmax(probs / noise): an exact draw from probs / probs.sum() (exponential race)."""
-    return (probs / noise).argmax(dim=-1)
+    return ops.argmax(probs, noise)
