@@ -15,6 +15,9 @@
 # E (counter-based coins): the GPU sampling tests, then tandem bench at temperature 0.7 (HumanEval, batch 1-64,
 #    64 prompts) after a warm-up pass; with BASE=DIR (an older tree, e.g. `git archive` into .carry/base) the
 #    same bench there instead, for an A/B on one machine.
+# F (the row argmax kernel): the GPU kernel, graph and sampling tests, fused-round profiles (greedy and
+#    sampled, batch 1 and 4), then tandem bench at batch 1 and 4 (HumanEval, T 0 and 0.7, 32 prompts) after a
+#    warm-up pass; with BASE=DIR only the profiles and the bench, in that tree.
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -23,7 +26,24 @@ bench() {  # seconds, name, flags...
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
   grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
 }
-if [ "${PART:-A}" = E ]; then
+if [ "${PART:-A}" = F ]; then
+  if [ -z "${BASE:-}" ]; then
+    timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_fused_sampling.py \
+      tests/gpu/test_gpu_graphs.py > "$OUT/gpu-tests.log" 2>&1
+    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  else
+    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
+  fi
+  for t in 0 0.7; do
+    timeout 100 python3 -m bench.step_profile --round auto --temperature $t --batch 1,4 --iters 50 --top 12 \
+      --out "$OUT/round-T$t.json" 2>&1 | grep -E "^round"
+  done
+  grid=(--drafts none,auto --baselines none --temperatures 0,0.7 --dataset humaneval --batch-sizes 1,4)
+  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
+  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
+  echo "warm-up pass done at $SECONDS s"
+  bench "${MAIN_S:-200}" "$name-bs1-4" "${grid[@]}" --num-prompts 32
+elif [ "${PART:-A}" = E ]; then
   if [ -z "${BASE:-}" ]; then
     timeout "${TESTS_S:-200}" python3 -m pytest -q "tests/gpu/test_gpu_kernels.py::test_philox_random_rows_compiled_equal_the_reference" \
       tests/gpu/test_gpu_fused_sampling.py "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy" \
