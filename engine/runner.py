@@ -21,6 +21,11 @@ from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
 from engine.prefill_graphs import PrefillGraphs
 
+# A round with at most this many prompt chunks runs each through its prefill graph (~4 ms apiece on an
+# H100, mostly GPU) and the rest of the batch beside them; with more, one eager forward over all of them
+# (~30 ms, mostly host, whatever the count) is cheaper.
+MAX_GRAPH_PREFILLS = 8
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -75,18 +80,35 @@ class ModelRunner:
     def free(self, seq_id: str) -> None:
         self.allocator.free(seq_id)
 
-    def _prefill(self, c: Chunk, aux_layers: tuple[int, ...]) -> RunOutput | None:
-        """A lone chunk that is not a uniform step (a prompt) through the prefill graphs, or None (not theirs)."""
+    def _prefill_key(self, c: Chunk, aux_layers: tuple[int, ...]):
+        """The prefill-graph bucket of a chunk that is not a uniform step (a prompt), or None (not theirs)."""
         n = len(c.token_ids)
         if self.prefill_graphs is None or (n <= self.graphs.max_q_len and c.num_logits == n):
             return None
+        return self.prefill_graphs.bucket_for(self.allocator.length(c.seq_id), n, c.num_logits, aux_layers)
+
+    def _prefill(self, c: Chunk, key) -> RunOutput:
         start = self.allocator.length(c.seq_id)
-        key = self.prefill_graphs.bucket_for(start, n, c.num_logits, aux_layers)
-        if key is None:
-            return None
-        self.allocator.extend(c.seq_id, start + n)
+        self.allocator.extend(c.seq_id, start + len(c.token_ids))
         logits, hidden, aux = self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits)
         return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
+
+    def _with_prefill_graphs(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...]) -> RunOutput | None:
+        """A round holding 1 .. MAX_GRAPH_PREFILLS prompt chunks: each through its prefill graph, the other
+        chunks (decode rows, a prompt no bucket takes) as one batch beside them; None when none is taken.
+        The outputs are stitched back in chunk order (every sequence attends only to its own KV, so how the
+        chunks are grouped into forwards changes nothing)."""
+        keys = [self._prefill_key(c, aux_layers) for c in chunks]
+        if not any(keys) or sum(k is not None for k in keys) > MAX_GRAPH_PREFILLS:
+            return None
+        if len(chunks) == 1:
+            return self._prefill(chunks[0], keys[0])
+        rest = [c for c, k in zip(chunks, keys) if k is None]
+        batched = iter(_split(self._run_batch(rest, None, aux_layers), rest) if rest else [])
+        parts = [_split(self._prefill(c, k), [c])[0] if k is not None else next(batched)
+                 for c, k in zip(chunks, keys)]
+        aux = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+        return RunOutput(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), aux)
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Run the chunks as one batch -> logits [sum(num_logits), vocab] float32, chunk order."""
@@ -100,17 +122,22 @@ class ModelRunner:
         features: [sum(len(tokens)), hidden] per-token inputs of a feature-fed model (an EAGLE head).
         aux_layers: target layers whose outputs to return for every token (the EAGLE head's inputs).
         """
+        for c in chunks:
+            if not c.token_ids or not 0 <= c.num_logits <= len(c.token_ids):
+                raise ValueError(f"chunk {c.seq_id}: {len(c.token_ids)} tokens, {c.num_logits} logits")
+        if features is None:
+            out = self._with_prefill_graphs(chunks, tuple(aux_layers))
+            if out is not None:
+                return out
+        return self._run_batch(chunks, features, tuple(aux_layers))
+
+    def _run_batch(self, chunks: Sequence[Chunk], features: torch.Tensor | None, aux_layers: tuple[int, ...]
+                   ) -> RunOutput:
+        """The chunks as one forward: through the step graphs when they make a uniform step, else eagerly."""
         alloc = self.allocator
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        for c in chunks:
-            if not c.token_ids or not 0 <= c.num_logits <= len(c.token_ids):
-                raise ValueError(f"chunk {c.seq_id}: {len(c.token_ids)} tokens, {c.num_logits} logits")
-        if len(chunks) == 1 and features is None:
-            out = self._prefill(chunks[0], tuple(aux_layers))
-            if out is not None:
-                return out
         q_lens, kv_lens, tables, logit_rows = [], [], [], []
         for c in chunks:
             n = len(c.token_ids)
@@ -146,3 +173,12 @@ class ModelRunner:
         if len(logit_rows) < len(ids):
             hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
         return RunOutput(self.model.compute_logits(hidden), hidden, aux)
+
+
+def _split(out: RunOutput, chunks: Sequence[Chunk]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """A batch's output -> (logits, hidden, aux) rows of each chunk, in order."""
+    rows = [c.num_logits for c in chunks]
+    tokens = [len(c.token_ids) for c in chunks]
+    logits, hidden = out.logits.split(rows), out.hidden.split(rows)
+    aux = out.aux.split(tokens) if out.aux is not None else [None] * len(chunks)
+    return list(zip(logits, hidden, aux))

@@ -102,6 +102,37 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
     assert static.prefill_graphs.bucket_for(0, 40, 10, ()) is None     # more logits than a bucket keeps
 
 
+def test_a_round_of_prompts_and_decode_rows_runs_each_prompt_in_its_prefill_graph(smollm, monkeypatch):
+    """engine/runner.py: up to MAX_GRAPH_PREFILLS prompt chunks of a round each through its prefill graph, the
+    decode rows as one step beside them, the outputs stitched back in chunk order; more prompts: one batch."""
+    import engine.runner
+
+    eager, static = _runner(smollm, False), _runner(smollm, True)
+    aux = (1, 14)
+    for r in (eager, static):  # two sequences already decoding
+        r.run([Chunk("a", list(range(10, 30)))], aux_layers=aux)
+        r.run([Chunk("b", list(range(40, 47)))], aux_layers=aux)
+    round_ = [Chunk("a", [5, 6, 7], num_logits=3), Chunk("p", list(range(100, 140))),  # a verify row, a prompt
+              Chunk("b", [8, 9, 10], num_logits=3), Chunk("q", list(range(300, 380)), num_logits=0),  # a chunk
+              Chunk("s", list(range(500, 506)), num_logits=2)]
+    want = eager.run(round_, aux_layers=aux)
+    got = static.run(round_, aux_layers=aux)
+    assert got.logits.shape == want.logits.shape == (9, smollm.config.vocab_size)
+    torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)
+    assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+    torch.testing.assert_close(got.hidden, want.hidden, atol=1e-2, rtol=1e-3)
+    torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
+    assert {key[0] for key in static.prefill_graphs._buckets} == {32, 64, 128}
+    assert {key[1] for key in static.graphs._buckets} == {3}  # the two verify rows: one uniform step
+    nxt = [Chunk(s, [4]) for s in "abpqs"]
+    torch.testing.assert_close(static.run(nxt).logits, eager.run(nxt).logits, **LOGIT_TOL)
+    # more prompts than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
+    monkeypatch.setattr(engine.runner, "MAX_GRAPH_PREFILLS", 1)
+    monkeypatch.setattr(static.prefill_graphs, "run", None)
+    two = [Chunk("t", list(range(60, 90))), Chunk("u", list(range(70, 95)))]
+    torch.testing.assert_close(static.run(two).logits, eager.run(two).logits, **LOGIT_TOL)
+
+
 def test_the_scratch_block_is_reserved_and_returned_outputs_survive_the_next_step(smollm):
     r = _runner(smollm, True)
     assert PAD_SEQ in r.allocator and r.allocator.length(PAD_SEQ) == 1
