@@ -28,7 +28,8 @@ def run_load(model: LoadedModel, config: EngineConfig, draft: str, prompts: Sequ
              max_tokens: int, temperature: float, seed: int, max_round_tokens: int | None) -> dict:
     cfg = dataclasses.replace(config, k=0 if draft == "none" else config.k, max_round_tokens=max_round_tokens)
     decoder, timer = _timed_decoder(model, cfg, draft)
-    decoder.generate([list(prompts[0])], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+    decoder.capture_prefills()  # warm-up: the prefill graph of every prompt length, then one request
+    decoder.generate([list(prompts[0])], SamplingParams(max_tokens=8, ignore_eos=True))
     timer.marks.clear()
     reset_peak_memory()
     arrivals = arrival_times(len(prompts), rate, seed)

@@ -104,7 +104,9 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     decoder, timer = _timed_decoder(model, cfg, case.draft)
     params = [SamplingParams(temperature=case.temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i)
               for i in range(len(prompts))]
-    # warm-up: kernels compiled and the graphs of a full batch captured before the clock starts
+    # warm-up: kernels compiled and the graphs of a full batch (and of every prompt length) captured before the
+    # clock starts
+    decoder.capture_prefills()
     first = [list(p) for p in prompts[: case.batch_size]]
     decoder.generate(first, [dataclasses.replace(sp, max_tokens=8) for sp in params[: len(first)]])
     timer.marks.clear()

@@ -300,6 +300,15 @@ class SpecDecoder:
                 self._pending.pop(rid, None)
                 self.drafter.release(rid)
 
+    def capture_prefills(self) -> int:
+        """On a GPU: capture the target's prefill graph of every whole-prompt length now (with the features the
+        drafter reads), before requests arrive; returns the prefill graphs captured (0 without graphs)."""
+        pg = self.target.prefill_graphs
+        if pg is None or not pg.capture:
+            return 0
+        pg.capture_prompts(self.feature_layers)
+        return pg.num_captured
+
     # ------------------------------------------------------------------ the fast path
     def _fused_ready(self, r: Request, k: int) -> bool:
         """On the fast path this round: decoding, its drafts (if any) in hand, room for a round, and asking

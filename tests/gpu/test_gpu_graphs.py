@@ -79,3 +79,17 @@ def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
         eager = _decoder(f32, draft, k, False).generate(prompts, GREEDY)
         # the drafts made inside the graph are the eager drafter's, up to float32 near-ties
         assert abs(sum(o.accepted for o in got) - sum(o.accepted for o in eager)) <= 2
+
+
+def test_captured_prompt_buckets_take_a_round_of_new_prompts_without_a_capture(f32, prompts):
+    """SpecDecoder.capture_prefills builds the prefill graph of every whole-prompt length up front; a round of
+    several new prompts then runs each through its graph (engine/runner.py) and captures nothing, and greedy
+    output equals the engine without graphs."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = _decoder(f32, "none", 0, False).generate(prompts, params)
+    dec = _decoder(f32, "none", 0, True, fused=True)
+    n = dec.capture_prefills()
+    assert n == dec.target.prefill_graphs.num_captured >= 4
+    got = dec.generate(prompts, params)
+    assert dec.target.prefill_graphs.num_captured == n
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
