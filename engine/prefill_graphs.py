@@ -1,4 +1,4 @@
-"""A single sequence's long chunk (a prompt's prefill) through a captured graph, padded to a bucket.
+"""A sequence's long chunk (a prompt's prefill) through a captured graph, padded to a bucket.
 
 Eagerly, a prefill is ~900 launches from Python: on an H100 a 64- to 1,024-token prompt of
 SmolLM2-135M took ~30 ms of host time for 2-5 ms of kernels, and that is the time to first token.

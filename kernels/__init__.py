@@ -7,6 +7,7 @@
 - ``next_inputs``: the last committed token and new lengths the next round starts from.
 - ``philox``: counter-based random rows (a batch's coins from its seeds and draw numbers); its
   torch reference is ``philox_ref`` (no triton: the engine's CPU path).
+- ``argmax_rows``: a row's argmax (or exponential race) over the vocabulary, split across programs.
 - ``rmsnorm`` and ``rotary``: a decode forward's norms and rotary embedding, one launch each
   instead of about eight and ten (``python -m bench.op_count`` shows why that matters).
 
