@@ -10,7 +10,9 @@ keys land past the sequence's length, in its own last block or in the scratch bl
 its table, where the next tokens overwrite them. Only the last ``num_logits`` real rows go through
 the LM head (row indices are an input buffer), so the logits buffer stays small.
 
-Buckets are (Q, context, aux layers), captured lazily into one pool; on a CPU they run eagerly
+Buckets are (Q, context, aux layers), captured into one pool: every whole prompt's up front
+(``capture_prompts``, from the decoder's warm-up), a later chunk's on first use. The runner sends up to
+``MAX_GRAPH_PREFILLS`` prompts of a round here, one replay each. On a CPU they run eagerly
 (``capture=False``), which is how they are tested.
 """
 
