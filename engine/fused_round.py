@@ -125,10 +125,10 @@ class RoundSampling:
         self.params.copy_(torch.tensor(table + [[1.0, 1.0, 0.0, 1.0]] * pad), non_blocking=True)
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
                                        [r.draw for r in rows] + [0] * pad]), non_blocking=True)
-        if any(not r.params.greedy for r in rows):
-            seeds, counters = self.draws
-            coins.fill(self.uniforms, seeds, counters, coins.Stream.ACCEPT)
-            coins.fill(self.noise, seeds, counters, coins.Stream.RECOVER, exponential=True)
+        if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread
+            seeds, counters = self.draws[:, :n]
+            coins.fill(self.uniforms[:n], seeds, counters, coins.Stream.ACCEPT)
+            coins.fill(self.noise[:n], seeds, counters, coins.Stream.RECOVER, exponential=True)
         if self.q_in is not None:  # one gather straight into the buffer
             torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])
 

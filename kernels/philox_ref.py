@@ -15,21 +15,16 @@ ROUNDS = 10
 MASK32 = 0xFFFFFFFF
 
 
-def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a (32-bit constant) * b ([...] int64 holding uint32) -> (high, low) 32-bit words, no int64 overflow."""
-    p_lo = a * (b & 0xFFFF)               # < 2**48
-    p_hi = a * (b >> 16)                  # < 2**48: the product is p_lo + p_hi * 2**16
-    mid = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2**49
-    return (p_hi >> 16) + (mid >> 32), mid & MASK32
-
-
 def philox_reference(k0: torch.Tensor, k1: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor,
                      c2: torch.Tensor, c3: torch.Tensor) -> torch.Tensor:
-    """Broadcastable int64 tensors holding uint32 words -> the first output word (int64 in [0, 2**32))."""
+    """Broadcastable int64 tensors holding uint32 words -> the first output word (int64 in [0, 2**32)).
+
+    A 32 x 32-bit product wraps in int64 to its low 64 bits, which is all it has: its high word is
+    ``(p >> 32) & MASK32`` (the arithmetic shift only sign-extends past bit 63) and its low word ``p & MASK32``.
+    """
     for _ in range(ROUNDS):
-        hi0, lo0 = _mulhilo(M0, c0)
-        hi1, lo1 = _mulhilo(M1, c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        p0, p1 = c0 * M0, c2 * M1
+        c0, c1, c2, c3 = ((p1 >> 32) & MASK32) ^ c1 ^ k0, p1 & MASK32, ((p0 >> 32) & MASK32) ^ c3 ^ k1, p0 & MASK32
         k0, k1 = (k0 + W0) & MASK32, (k1 + W1) & MASK32
     return c0
 

@@ -83,7 +83,8 @@ class GraphDraftProgram:
             self.draws.copy_(torch.tensor([[params.seed for _, _, params in rows] + pad,
                                            [self.sampler.draw_number(rid) for rid, _, _ in rows] + pad]),
                              non_blocking=True)
-            coins.fill(self.noise.view(self.rows, -1), self.draws[0], self.draws[1], coins.Stream.DRAFT,
+            n = len(rows)  # the batch's rows only: a padding row's noise goes unread
+            coins.fill(self.noise.view(self.rows, -1)[:n], self.draws[0, :n], self.draws[1, :n], coins.Stream.DRAFT,
                        exponential=True)
             self.sampler.end_round((rid, params) for rid, _, params in rows)
 
