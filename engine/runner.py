@@ -9,6 +9,7 @@ drafter use this same class.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -88,27 +89,36 @@ class ModelRunner:
         return self.prefill_graphs.bucket_for(self.allocator.length(c.seq_id), n, c.num_logits, aux_layers)
 
     def _prefill(self, c: Chunk, key) -> RunOutput:
+        """One prompt chunk through its prefill graph -> views of the bucket's buffers (the next replay of
+        the bucket overwrites them: copy out before that)."""
         start = self.allocator.length(c.seq_id)
         self.allocator.extend(c.seq_id, start + len(c.token_ids))
-        logits, hidden, aux = self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits)
-        return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
+        return RunOutput(*self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits))
 
     def _with_prefill_graphs(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...]) -> RunOutput | None:
         """A round holding 1 .. MAX_GRAPH_PREFILLS prompt chunks: each through its prefill graph, the other
         chunks (decode rows, a prompt no bucket takes) as one batch beside them; None when none is taken.
-        The outputs are stitched back in chunk order (every sequence attends only to its own KV, so how the
-        chunks are grouped into forwards changes nothing)."""
+        The outputs are copied once into the round's output, in chunk order (every sequence attends only to
+        its own KV, so how the chunks are grouped into forwards changes nothing)."""
         keys = [self._prefill_key(c, aux_layers) for c in chunks]
         if not any(keys) or sum(k is not None for k in keys) > MAX_GRAPH_PREFILLS:
             return None
-        if len(chunks) == 1:
-            return self._prefill(chunks[0], keys[0])
         rest = [c for c, k in zip(chunks, keys) if k is None]
         batched = iter(_split(self._run_batch(rest, None, aux_layers), rest) if rest else [])
-        parts = [_split(self._prefill(c, k), [c])[0] if k is not None else next(batched)
-                 for c, k in zip(chunks, keys)]
-        aux = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
-        return RunOutput(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), aux)
+        rows = list(itertools.accumulate((c.num_logits for c in chunks), initial=0))
+        tokens = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
+        out = None
+        for i, (c, k) in enumerate(zip(chunks, keys)):
+            logits, hidden, aux = _split(self._prefill(c, k), [c])[0] if k is not None else next(batched)
+            if out is None:
+                out = RunOutput(logits.new_empty(rows[-1], logits.shape[1]),
+                                hidden.new_empty(rows[-1], hidden.shape[1]),
+                                None if aux is None else aux.new_empty(tokens[-1], *aux.shape[1:]))
+            out.logits[rows[i]:rows[i + 1]].copy_(logits)
+            out.hidden[rows[i]:rows[i + 1]].copy_(hidden)
+            if aux is not None:
+                out.aux[tokens[i]:tokens[i + 1]].copy_(aux)
+        return out
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Run the chunks as one batch -> logits [sum(num_logits), vocab] float32, chunk order."""

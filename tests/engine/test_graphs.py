@@ -104,7 +104,8 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
 
 def test_a_round_of_prompts_and_decode_rows_runs_each_prompt_in_its_prefill_graph(smollm, monkeypatch):
     """engine/runner.py: up to MAX_GRAPH_PREFILLS prompt chunks of a round each through its prefill graph, the
-    decode rows as one step beside them, the outputs stitched back in chunk order; more prompts: one batch."""
+    decode rows as one step beside them, the outputs copied out in chunk order (two prompts of one bucket
+    included); more prompts: one batch."""
     import engine.runner
 
     eager, static = _runner(smollm, False), _runner(smollm, True)
@@ -114,17 +115,18 @@ def test_a_round_of_prompts_and_decode_rows_runs_each_prompt_in_its_prefill_grap
         r.run([Chunk("b", list(range(40, 47)))], aux_layers=aux)
     round_ = [Chunk("a", [5, 6, 7], num_logits=3), Chunk("p", list(range(100, 140))),  # a verify row, a prompt
               Chunk("b", [8, 9, 10], num_logits=3), Chunk("q", list(range(300, 380)), num_logits=0),  # a chunk
-              Chunk("s", list(range(500, 506)), num_logits=2)]
+              Chunk("s", list(range(500, 506)), num_logits=2),
+              Chunk("r", list(range(200, 245)), num_logits=2)]  # p's bucket again: its replay overwrites p's
     want = eager.run(round_, aux_layers=aux)
     got = static.run(round_, aux_layers=aux)
-    assert got.logits.shape == want.logits.shape == (9, smollm.config.vocab_size)
+    assert got.logits.shape == want.logits.shape == (11, smollm.config.vocab_size)
     torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)
     assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
     torch.testing.assert_close(got.hidden, want.hidden, atol=1e-2, rtol=1e-3)
     torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
     assert {key[0] for key in static.prefill_graphs._buckets} == {32, 64, 128}
     assert {key[1] for key in static.graphs._buckets} == {3}  # the two verify rows: one uniform step
-    nxt = [Chunk(s, [4]) for s in "abpqs"]
+    nxt = [Chunk(s, [4]) for s in "abpqsr"]
     torch.testing.assert_close(static.run(nxt).logits, eager.run(nxt).logits, **LOGIT_TOL)
     # more prompts than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
     monkeypatch.setattr(engine.runner, "MAX_GRAPH_PREFILLS", 1)
