@@ -67,7 +67,8 @@ async def _stream_with_restart(stack, prompt: str, restart) -> tuple[list[int], 
                 restarted = asyncio.get_running_loop().run_in_executor(None, restart)
             elif restarted.done():
                 at_restart = restarted.result()
-                if metrics(stack, "gateway")["tandem_draft_tokens_total"] > at_restart:
+                scraped = await asyncio.to_thread(metrics, stack, "gateway")  # HTTP, off the event loop
+                if scraped["tandem_draft_tokens_total"] > at_restart:
                     return ids, True  # leaving the block cancels the stream
     return ids, False
 
