@@ -30,13 +30,16 @@ def _cases():
         sig.update(cos_ptr="*fp32", sin_ptr="*fp32", table_ptr="*i64", lens_ptr="*i64", max_blocks="i32",
                    sm_scale="fp32", **{n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
                                                            "stride_vt", "stride_vh", "stride_rope")})
-        sig.update(part_ptr="*fp32", ticket_ptr="*i32", chunk="i32")
-        for q, splits in ((1, 1), (1, 8), (1, 32), (5, 1), (5, 8), (9, 2), (1, 86)):
+        sig.update(part_ptr="*fp32", chunk="i32")
+        for q, splits in ((1, 1), (1, 8), (5, 1), (5, 8), (9, 2)):
             block_m = max(16, 1 << (3 * q - 1).bit_length())
             const = dict(Q=q, G=3, HKV=3, HALF=32, BS=16, BLOCK_Q=16, BLOCK_M=block_m, BLOCK_N=static_attention.BLOCK_N,
-                         SPLITS=splits, IEEE=dt == "fp32", PIPELINED=True, BLOCK_S=1 << (splits - 1).bit_length(),
-                         SPLIT_CHUNK=static_attention.SPLIT_CHUNK)
+                         SPLITS=splits, IEEE=dt == "fp32", PIPELINED=True)
             yield f"static_attention {dt} q_len={q} splits={splits}", static_attention._static_attention_kernel, sig, const
+            if splits > 1:
+                yield (f"static_attention combine {dt} q_len={q} splits={splits}", static_attention._combine_kernel,
+                       dict(part_ptr="*fp32", out_ptr=f"*{dt}"),
+                       dict(Q=q, G=3, HKV=3, D=64, BLOCK_M=block_m, SPLITS=splits, BLOCK_S=1 << (splits - 1).bit_length()))
         yield (f"add_rmsnorm {dt}", fused_norm._add_rmsnorm_kernel,
                dict(x_ptr=f"*{dt}", d_ptr=f"*{dt}", w_ptr=f"*{dt}", res_ptr=f"*{dt}", out_ptr=f"*{dt}",
                     stride_x="i32", stride_d="i32", D="i32", eps="fp32"), dict(BLOCK=1024))

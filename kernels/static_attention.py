@@ -13,10 +13,7 @@ verify) to a paged KV cache. Per row ``b``, KV head ``h`` and split ``s`` one pr
    read back from the cache.
 With one split the program writes the output; with several (flash-decoding: a decode row alone
 is too little work for one program to hide memory latency) each writes its partial softmax and
-takes a ticket (an acq_rel counter per row and KV head); the last to finish merges the partials and
-writes the output, in the same launch (a second launch for the merge cost ~4 µs a layer at batch 1),
-and puts the counter back to zero for the next launch. ``split_plan`` picks the split count once
-per bucket.
+a second launch merges them. ``split_plan`` picks the split count once per bucket.
 
 Everything it reads (block table, lengths, the rope rows) comes from tensors, so one capture
 serves every replay. The separate steps it replaces (rotary, two index copies, a gather of
@@ -37,7 +34,6 @@ from kernels._common import check_int, check_launchable, check_tensor, pow2_at_l
 
 BLOCK_N = 64  # cached keys per step of the softmax loop
 TARGET_PROGRAMS = 256  # (row, KV head, split) programs a bucket aims for: about two per SM of an H100
-SPLIT_CHUNK = 8  # splits the merge loads at a time
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -123,12 +119,11 @@ def _static_attention_kernel(
     lens_ptr,                   # [B] int64
     out_ptr,                    # [T, Hq, D] contiguous (SPLITS == 1)
     part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32: acc, max, sum per split (SPLITS > 1)
-    ticket_ptr,                 # [>= B * Hkv] int32, zero before the launch and after it (SPLITS > 1)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rope,
     max_blocks, chunk, sm_scale,
     Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    IEEE: tl.constexpr, PIPELINED: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    IEEE: tl.constexpr, PIPELINED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -204,39 +199,33 @@ def _static_attention_kernel(
         tl.store(part[:, None] + full[None, :], acc)
         tl.store(part + D, m_i)
         tl.store(part + D + 1, l_i)
-        tl.debug_barrier()  # the partials are stored before the ticket releases them
-        if tl.atomic_add(ticket_ptr + b * HKV + h, 1, sem="acq_rel") == SPLITS - 1:  # the last split to finish
-            _merge_splits(part_ptr, out_ptr, b, h, Q, G, HKV, D, BLOCK_M, SPLITS, BLOCK_S, SPLIT_CHUNK)
-            tl.atomic_xchg(ticket_ptr + b * HKV + h, 0)  # ready for the next launch (graph replays reuse it)
 
 
 @triton.jit
-def _merge_splits(part_ptr, out_ptr, b, h, Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
-    """Merge the splits' partial softmaxes of one (row, KV head) into the output: first every split's
-    (max, sum) at once ([S, M]: the common max and the total), then the accumulators in unrolled groups
-    of SPLIT_CHUNK splits, whose loads do not wait on each other (one split at a time, a serial loop of
-    memory round trips, cost more than the attention at batch 1; all at once holds S * M * D floats)."""
+def _combine_kernel(
+    part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32 from _static_attention_kernel
+    out_ptr,                    # [T, Hq, D] contiguous
+    Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Merge the splits' partial softmaxes of one (row, KV head) into the output. Every split is loaded
+    at once ([BLOCK_S, BLOCK_M, D]) and reduced across splits: one memory round trip, not one per split
+    (a serial loop over the splits made this launch cost more than the attention itself at batch 1)."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
     r = tl.arange(0, BLOCK_M)
     full = tl.arange(0, D)
-    row = part_ptr + (b * HKV + h) * SPLITS * BLOCK_M * (D + 2) + r * (D + 2)                 # [M]
-    s = tl.arange(0, BLOCK_S)
     live_s = s < SPLITS
-    stats = row[None, :] + s[:, None] * BLOCK_M * (D + 2)                                      # [S, M]
-    m_s = tl.load(stats + D, mask=live_s[:, None], other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(stats + D + 1, mask=live_s[:, None], other=0.0, cache_modifier=".cg")
-    m = tl.max(m_s, axis=0)                                                                    # [M]
+    part = part_ptr + (b * HKV + h) * SPLITS * BLOCK_M * (D + 2) + s[:, None] * BLOCK_M * (D + 2) + r[None, :] * (D + 2)
+    m_s = tl.load(part + D, mask=live_s[:, None], other=float("-inf"))                     # [S, M]
+    l_s = tl.load(part + D + 1, mask=live_s[:, None], other=0.0)                           # [S, M]
+    acc_s = tl.load(part[:, :, None] + full[None, None, :], mask=live_s[:, None, None], other=0.0)  # [S, M, D]
+    m = tl.max(m_s, axis=0)                                                                # [M]
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    l_run = tl.sum(l_s * tl.exp(m_s - m_safe[None, :]), axis=0)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    c = tl.arange(0, SPLIT_CHUNK)
-    for first in tl.static_range(0, SPLITS, SPLIT_CHUNK):
-        live_c = first + c < SPLITS
-        at = row[None, :] + (first + c)[:, None] * BLOCK_M * (D + 2)                           # [C, M]
-        m_c = tl.load(at + D, mask=live_c[:, None], other=float("-inf"), cache_modifier=".cg")
-        acc_c = tl.load(at[:, :, None] + full[None, None, :], mask=live_c[:, None, None], other=0.0,
-                        cache_modifier=".cg")                                                  # [C, M, D]
-        acc += tl.sum(acc_c * tl.exp(m_c - m_safe[None, :])[:, :, None], axis=0)
+    c = tl.exp(m_s - m_safe[None, :])                                                      # [S, M]
+    l_run = tl.sum(l_s * c, axis=0)
+    acc = tl.sum(acc_s * c[:, :, None], axis=0)                                            # [M, D]
     live_r = r < Q * G
     o = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
     tq = b * Q + r // G
@@ -266,7 +255,6 @@ def static_attention(
     kv_lens: torch.Tensor,      # [B] int64: KV length of each row after this forward, in [Q, M * BS]
     q_len: int,
     splits: int = 1,            # programs per (row, KV head), each over a chunk of the cached keys (split_plan)
-    tickets: torch.Tensor | None = None,  # [>= B*Hkv] int32 zeros, left zero (splits > 1; None: a fresh one)
 ) -> torch.Tensor:              # [B*Q, Hq, D] contiguous, q's dtype
     check_int("q_len", q_len, 1)
     check_int("splits", splits, 1)
@@ -298,11 +286,6 @@ def static_attention(
             raise ValueError(f"{name} must be contiguous in its last dimension")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache and v_cache must be contiguous")
-    if splits > 1 and tickets is not None:
-        check_tensor("tickets", tickets, torch.int32, (None,), dev)
-        if tickets.numel() < b * hkv or not tickets.is_contiguous():
-            raise ValueError(f"tickets must be contiguous with at least rows * kv heads = {b * hkv} entries, "
-                             f"got {list(tickets.shape)}")
     check_launchable(_static_attention_kernel, dev)
     out = torch.empty((t, hq, d), dtype=q.dtype, device=dev)
     if b == 0:
@@ -311,14 +294,14 @@ def static_attention(
     block_m = max(16, pow2_at_least(q_len * g))
     chunk = -(-(-(-m * bs // BLOCK_N)) // splits) * BLOCK_N  # keys per split, whole BLOCK_N steps
     part = torch.empty((b, hkv, splits, block_m, d + 2) if splits > 1 else (1,), dtype=torch.float32, device=dev)
-    if tickets is None:
-        tickets = torch.zeros((b * hkv if splits > 1 else 1,), dtype=torch.int32, device=dev)
     _static_attention_kernel[(b, hkv, splits)](
-        q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(), out, part, tickets,
+        q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(), out, part,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         m, chunk, 1.0 / math.sqrt(d),
         Q=q_len, G=g, HKV=hkv, HALF=d // 2, BS=bs, BLOCK_Q=max(16, pow2_at_least(q_len)), BLOCK_M=block_m,
         BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
-        PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction), BLOCK_S=pow2_at_least(splits),
-        SPLIT_CHUNK=SPLIT_CHUNK)
+        PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction))
+    if splits > 1:
+        _combine_kernel[(b, hkv)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits,
+                                  BLOCK_S=pow2_at_least(splits))
     return out

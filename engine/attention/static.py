@@ -47,13 +47,10 @@ class StaticAttention:
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
         self.mask: torch.Tensor | None = None
         self.splits = 1
-        self.tickets: torch.Tensor | None = None  # [B*Hkv] the kernel's split counters: zero between launches
         if self.fused_rotary:
             from kernels.static_attention import split_plan
 
-            hkv = cache.k.shape[-2]
-            self.splits = split_plan(rows, hkv, self.max_tokens)[0]
-            self.tickets = torch.zeros(rows * hkv, dtype=torch.int32, device=dev)
+            self.splits = split_plan(rows, cache.k.shape[-2], self.max_tokens)[0]
 
     @property
     def max_tokens(self) -> int:
@@ -103,7 +100,7 @@ class StaticAttention:
             from kernels.static_attention import static_attention
 
             return static_attention(q, k, v, *rope, self.cache.k[layer], self.cache.v[layer], self.block_table,
-                                    self.kv_lens, self.q_len, self.splits, self.tickets)
+                                    self.kv_lens, self.q_len, self.splits)
         self.cache.write(layer, self.slots, k, v)
         b, n, s = self.rows, self.q_len, self.max_tokens
         hkv, d = k.shape[1:]

@@ -54,24 +54,6 @@ def test_static_attention_matches_reference(dtype, q_len, kv_lens, splits):
     assert torch.equal(vc, vc2)
 
 
-def test_the_last_split_merges_and_leaves_the_tickets_at_zero_for_the_next_launch():
-    """More splits than the merge loads at a time (SPLIT_CHUNK), one tickets buffer over two launches (as
-    the layers of a replayed graph share it): each merge is right and puts every counter back to zero."""
-    from kernels.static_attention import SPLIT_CHUNK
-
-    splits = SPLIT_CHUNK + 3
-    tickets = torch.zeros(8, dtype=torch.int32)
-    for seed, kv_lens in ((1, [700, 40]), (2, [9, 650])):
-        q, k, v, cos, sin, kc, vc, table, lens = _case(2, 1, kv_lens, torch.float32, blocks=100, seed=seed)
-        kc2, vc2 = kc.clone(), vc.clone()
-        got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, 1, splits, tickets)
-        want = static_attention_reference(q, k, v, cos, sin, kc2, vc2, table, lens, 1)
-        torch.testing.assert_close(got, want, **TOL[torch.float32])
-        assert not tickets.any()
-    with pytest.raises(ValueError, match="tickets must be contiguous with at least"):
-        static_attention(q, k, v, cos, sin, kc, vc, table, lens, 1, splits, tickets[:5])
-
-
 def test_reference_is_the_engines_static_path():
     """Rotary in the model + StaticAttention's torch path (KV write, gather, masked SDPA) = the reference."""
     rows, q_len, d = 3, 5, 64
