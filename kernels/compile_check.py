@@ -12,7 +12,11 @@ import sys
 
 
 def _cases():
-    from kernels import argmax_rows, fused_norm, philox, rmsnorm, rotary, silu_mul, static_attention
+    from kernels import argmax_rows, fused_norm, greedy_accept, philox, rmsnorm, rotary, silu_mul, static_attention
+
+    yield ("greedy_accept", greedy_accept._greedy_accept_kernel,
+           dict(draft_ptr="*i64", num_draft_ptr="*i64", target_ptr="*i64", out_ptr="*i64", num_accepted_ptr="*i64",
+                K="i32", stride_d="i32", stride_n="i32"), dict(PLACEHOLDER=-1, BLOCK=8))
 
     for noise in (False, True):
         yield (f"argmax_rows noise={noise}", argmax_rows._argmax_rows_kernel,

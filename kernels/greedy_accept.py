@@ -38,12 +38,12 @@ def greedy_accept_reference(
 
 @triton.jit
 def _greedy_accept_kernel(
-    draft_ptr,         # [B, K] int64
-    num_draft_ptr,     # [B] int64
+    draft_ptr,         # [B, K] int64, row stride stride_d
+    num_draft_ptr,     # [B] int64, stride stride_n
     target_ptr,        # [B, K+1] int64
     out_ptr,           # [B, K+1] int64
     num_accepted_ptr,  # [B] int64
-    K,
+    K, stride_d, stride_n,
     PLACEHOLDER: tl.constexpr,
     BLOCK: tl.constexpr,  # power of two >= K + 1
 ):
@@ -51,9 +51,9 @@ def _greedy_accept_kernel(
     cols = tl.arange(0, BLOCK)
     in_draft = cols < K
     in_out = cols < K + 1
-    draft = tl.load(draft_ptr + row * K + cols, mask=in_draft, other=PLACEHOLDER)
+    draft = tl.load(draft_ptr + row * stride_d + cols, mask=in_draft, other=PLACEHOLDER)
     target = tl.load(target_ptr + row * (K + 1) + cols, mask=in_out, other=PLACEHOLDER)
-    num_draft = tl.load(num_draft_ptr + row)
+    num_draft = tl.load(num_draft_ptr + row * stride_n)
     ok = in_draft & (cols < num_draft) & (draft == target)
     n = accepted_prefix(ok, cols, BLOCK)
     # accepted drafts, the target's token at index n (recovered or bonus), then placeholders
@@ -63,8 +63,8 @@ def _greedy_accept_kernel(
 
 
 def greedy_accept(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, padded with PLACEHOLDER_TOKEN_ID
-    num_draft: torch.Tensor,        # [B] int64
+    draft_token_ids: torch.Tensor,  # [B, K] int64, padded with PLACEHOLDER_TOKEN_ID; rows may be strided
+    num_draft: torch.Tensor,        # [B] int64, may be strided (e.g. a column of the round's inputs)
     target_argmax: torch.Tensor,    # [B, K+1] int64: the target's greedy token at each position
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output ids [B, K+1] int64, num_accepted [B] int64
     check_tensor("draft_token_ids", draft_token_ids, torch.int64, (None, None))
@@ -76,7 +76,10 @@ def greedy_accept(
     out = torch.empty((b, k + 1), dtype=torch.int64, device=dev)
     num_accepted = torch.empty((b,), dtype=torch.int64, device=dev)
     if b:
+        if k > 1 and draft_token_ids.stride(1) != 1:
+            draft_token_ids = draft_token_ids.contiguous()
         _greedy_accept_kernel[(b,)](
-            draft_token_ids.contiguous(), num_draft.contiguous(), target_argmax.contiguous(), out, num_accepted,
-            k, PLACEHOLDER=PLACEHOLDER_TOKEN_ID, BLOCK=pow2_at_least(k + 1))
+            draft_token_ids, num_draft, target_argmax.contiguous(), out, num_accepted,
+            k, draft_token_ids.stride(0), num_draft.stride(0), PLACEHOLDER=PLACEHOLDER_TOKEN_ID,
+            BLOCK=pow2_at_least(k + 1))
     return out, num_accepted

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.models import ops
 from engine.sampling.sampler import sample_from_probs
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -42,6 +43,12 @@ def greedy_verify(
     num_draft: torch.Tensor,        # [B] int64
     target_argmax: torch.Tensor,    # [B, K+1] int64: the target's greedy token at each position
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output ids [B, K+1], num_accepted [B]
+    """On CUDA at inference one launch (``kernels.greedy_accept``, the same contract), else these torch
+    steps (about a dozen launches on a GPU)."""
+    if ops.use_kernels(target_argmax):
+        from kernels.greedy_accept import greedy_accept
+
+        return greedy_accept(draft_token_ids, num_draft, target_argmax)
     accept = draft_token_ids == target_argmax[:, :-1]
     num_accepted = _num_accepted(accept, num_draft)
     final = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)

@@ -15,14 +15,15 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("q_len,kv_lens", [(1, [1, 17, 100, 700]), (5, [5, 40, 33, 1029]), (9, [64])])
-def test_static_attention(dtype, q_len, kv_lens):
+@pytest.mark.parametrize("splits", [1, 3, 17])
+def test_static_attention(dtype, q_len, kv_lens, splits):
     from tests.kernels.test_static_attention import _case
     from kernels.static_attention import static_attention, static_attention_reference
 
     case = [x.cuda() for x in _case(len(kv_lens), q_len, kv_lens, dtype, blocks=200)]
     q, k, v, cos, sin, kc, vc, table, lens = case
     kc2, vc2 = kc.clone(), vc.clone()
-    got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len)
+    got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len, splits)
     want = static_attention_reference(q, k, v, cos, sin, kc2, vc2, table, lens, q_len)
     torch.testing.assert_close(got, want, **TOL[dtype])
     torch.testing.assert_close(kc, kc2, **TOL[dtype])

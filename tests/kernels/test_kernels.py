@@ -96,6 +96,9 @@ def test_greedy_accept_empty_batch_and_strided_inputs():
     strided = target.t().contiguous().t()  # same values, column-major
     assert not strided.is_contiguous()
     assert_equal(greedy_accept(drafts, num_draft, strided), greedy_verify(drafts, num_draft, target))
+    # drafts and num_draft as columns of the fused round's inputs [B, 1 + K + 1] (t0, drafts, num_draft)
+    inputs = torch.cat([target[:, :1], drafts, num_draft[:, None]], dim=1)
+    assert_equal(greedy_accept(inputs[:, 1:4], inputs[:, 4], target), greedy_verify(drafts, num_draft, target))
 
 
 # ------------------------------------------------------------------------------------ rejection
