@@ -13,7 +13,9 @@ work), ``run_ms`` the fused round's own ``run`` (inputs in, replay, the one read
 ``replay_ms`` the graph alone.
 With ``--prefill LENS`` it times a new request's first round (its prefill, what sets time to first
 token): ``prefill_ms`` is ``SpecDecoder.step`` for one new request of each prompt length (plain decoding,
-the bench's engine config), with its kernels and the Python functions the host spends it in (cProfile).
+the bench's engine config), with its kernels and the Python functions the host spends it in (cProfile);
+with ``--round DRAFT`` too, also its second round (``second_round_ms``: the drafter's first drafts, made
+eagerly, and the first verify), whose kernels and host functions are then the ones listed.
 ``--torch-ops`` runs the same buckets with the plain torch ops instead of the Triton kernels
 (the engine before the fused kernels), for an A/B in one call. A JSON report goes to ``--out``.
 """
@@ -99,14 +101,14 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     from engine.spec import SpecDecoder
 
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=batch, max_k=max(k, 1),
-                       k=k, kv_cache_tokens=batch * (context + 4 * iters + 256) + 4096)
+                       k=k, kv_cache_tokens=batch * (context + 8 * iters + 512) + 4096)
     dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg,
                       build_drafter(DraftSpec.parse(draft), model, cfg))
     if dec.fused is None:
         raise SystemExit(f"bench.step_profile: {draft} with k={k} takes no fused rounds")
     for i in range(batch):
         dec.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
-                        SamplingParams(max_tokens=4 * iters + 64, ignore_eos=True, temperature=temperature, seed=i))
+                        SamplingParams(max_tokens=8 * iters + 256, ignore_eos=True, temperature=temperature, seed=i))
     run_s = []
     run = dec.fused.run
 
@@ -130,46 +132,70 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     replay_ms = _replay_ms(replay, iters)
     count, kernel_ms, top_rows = _kernels(replay, top)
     host_rows = _host_ops(dec.step, 3, top)
+    host_fns = _host_fns(dec.step, 20, top)
     return {"round": draft, "k": k, "batch": batch, "context": context, "temperature": temperature,
             "fused_rounds_timed": len(run_s),
             "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
             "replay_ms": round(replay_ms, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
-            "top_kernels": top_rows, "top_host_ops": host_rows}
+            "top_kernels": top_rows, "top_host_ops": host_rows, "top_host_fns": host_fns}
 
 
-def profile_prefill(model, length: int, iters: int, top: int) -> dict:
+def profile_prefill(model, length: int, iters: int, top: int, draft: str = "none", k: int = 4) -> dict:
+    """A new request's first round (its prefill); with a drafter also its second: the first drafts
+    (the drafter's catch-up over the prompt, eagerly) and the first verify."""
+    from engine.config import SamplingParams
+    from engine.drafters import DraftSpec, build_drafter
+    from engine.spec import SpecDecoder
+
+    k = 0 if draft == "none" else k
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=4, k=k, max_k=max(k, 1),
+                       kv_cache_tokens=4 * (length + 64) + 4096)
+    drafter = build_drafter(DraftSpec.parse(draft), model, cfg) if k else None
+    dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg, drafter)
+    params = SamplingParams(max_tokens=2 * k + 4, ignore_eos=True)
+    prompts = [[(7 * i + j) % 1000 + 10 for j in range(length)] for i in range(iters + 4)]
+
+    def rounds(prompt, second=None) -> list[float]:
+        """Run the first round (and the second with a drafter; ``second`` wraps it); seconds of each."""
+        rid = dec.add_request(prompt, params)
+        times = []
+        for fn in [dec.step] + ([second or dec.step] if k else []):
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        dec.abort(rid)
+        return times
+
+    for prompt in prompts[:3]:  # kernels compiled, buckets captured
+        rounds(prompt)
+    timed = [rounds(prompt) for prompt in prompts[3:-1]]
+    prefill_ms = sum(t[0] for t in timed) * 1e3 / iters
+    row = {"prefill": length, "draft": draft, "prefill_ms": round(prefill_ms, 3)}
+    if k:  # the second round's kernels and host functions
+        row["second_round_ms"] = round(sum(t[1] for t in timed) * 1e3 / iters, 3)
+        count, kernel_ms, top_rows = _kernels(lambda: rounds(prompts[0]), top)  # both rounds
+        fns = []
+        rounds(prompts[-1], lambda: fns.extend(_host_fns(dec.step, 1, top)))
+    else:
+        count, kernel_ms, top_rows = _kernels(lambda: rounds(prompts[0]), top)
+        fns = _host_fns(lambda: rounds(prompts[1]), 1, top)
+    return {**row, "kernels": count, "kernel_ms": round(kernel_ms, 4), "top_kernels": top_rows, "top_host_fns": fns}
+
+
+def _host_fns(fn, calls: int, top: int) -> list[dict]:
+    """The Python functions ``fn`` spends its host time in (cProfile; self and cumulative ms per call)."""
     import cProfile
     import pstats
 
-    from engine.config import SamplingParams
-    from engine.spec import SpecDecoder
-
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=4, k=0,
-                       kv_cache_tokens=4 * (length + 64) + 4096)
-    dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg)
-    params = SamplingParams(max_tokens=2, ignore_eos=True)
-    prompts = [[(7 * i + j) % 1000 + 10 for j in range(length)] for i in range(iters + 3)]
-
-    def prefill(prompt):
-        rid = dec.add_request(prompt, params)
-        dec.step()
-        torch.cuda.synchronize()
-        dec.abort(rid)
-
-    for prompt in prompts[:3]:  # kernels compiled, buckets captured
-        prefill(prompt)
-    t0 = time.perf_counter()
-    for prompt in prompts[3:]:
-        prefill(prompt)
-    prefill_ms = (time.perf_counter() - t0) * 1e3 / iters
-    count, kernel_ms, top_rows = _kernels(lambda: prefill(prompts[0]), top)
     prof = cProfile.Profile()
-    prof.runcall(prefill, prompts[1])
+    for _ in range(calls):
+        prof.runcall(fn)
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive, tottime, cumtime, callers)
-    host = sorted(({"fn": f"{f.rsplit('/', 2)[-1]}:{name}", "calls": v[0], "cum_ms": round(v[3] * 1e3, 3),
-                    "self_ms": round(v[2] * 1e3, 3)} for (f, _, name), v in stats.items()), key=lambda r: -r["self_ms"])
-    return {"prefill": length, "prefill_ms": round(prefill_ms, 3), "kernels": count, "kernel_ms": round(kernel_ms, 4),
-            "top_kernels": top_rows, "top_host_fns": host[:top]}
+    host = sorted(({"fn": f"{f.rsplit('/', 2)[-1]}:{name}", "calls": v[0] / calls,
+                    "cum_ms": round(v[3] * 1e3 / calls, 3), "self_ms": round(v[2] * 1e3 / calls, 3)}
+                   for (f, _, name), v in stats.items()), key=lambda r: -r["self_ms"])
+    return host[:top]
 
 
 def _host_ops(fn, calls: int, top: int) -> list[dict]:
@@ -214,13 +240,14 @@ def main() -> None:
     for length in (int(x) for x in (args.prefill or "").split(",") if x):
         with mock.patch("engine.prefill_graphs.PrefillGraphs.bucket_for", lambda *a: None) if args.eager_prefill \
                 else ExitStack():
-            row = profile_prefill(model, length, args.iters, args.top)
+            row = profile_prefill(model, length, args.iters, args.top, args.round or "none", args.k)
         rows.append(row)
-        print(f"prefill {length:5d} tokens: {row['prefill_ms']:.3f} ms, {row['kernels']} kernels "
+        second = f", then {row['second_round_ms']:.3f} ms (first drafts)" if "second_round_ms" in row else ""
+        print(f"prefill {length:5d} tokens: {row['prefill_ms']:.3f} ms{second}, {row['kernels']} kernels "
               f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
         for k in row["top_kernels"][:4]:
             print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
-        print("    host (self):", "; ".join(f"{h['fn']} {h['self_ms']:.2f} ms x{h['calls']}" for h in row["top_host_fns"]))
+        print("    host (self):", "; ".join(f"{h['fn']} {h['self_ms']:.2f} ms x{h['calls']:g}" for h in row["top_host_fns"]))
     if args.round and not args.prefill:
         top_shown = max(6, args.top)
         for b in (int(x) for x in args.batch.split(",")):
@@ -234,6 +261,8 @@ def main() -> None:
                 print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
             print("    host, per step:", "; ".join(f"{h['op']} {h['self_cpu_ms']:.3f} ms x{h['count']}"
                                                    for h in row["top_host_ops"][:6]))
+            print("    host (self, per step):", "; ".join(f"{h['fn']} {h['self_ms']:.3f} ms x{h['calls']:g}"
+                                                          for h in row["top_host_fns"]))
     with ExitStack() as stack:
         if args.torch_ops:
             stack.enter_context(mock.patch.object(ops, "use_kernels", lambda x: False))
