@@ -45,7 +45,11 @@ class TorchAttention:
         live = j[None, :] < q_lens[:, None]                                             # [B, Q]
         # padded query (b, j) <- flat token starts[b] + j (padding repeats a real token; its output is dropped)
         self._q_index = torch.where(live, starts[:, None] + j[None, :], starts[:, None])  # [B, Q]
-        self._out_index = (torch.arange(b, device=device)[:, None] * q_max + j[None, :])[live]  # [T]
+        # flat token t of sequence b (query j = t - starts[b]) <- padded row b * q_max + j; the repeat's output
+        # size is known here, so nothing waits on the device (a boolean mask index would)
+        t = sum(meta.q_lens)
+        self._out_index = torch.repeat_interleave(torch.arange(b, device=device) * q_max - starts, q_lens,
+                                                  output_size=t) + torch.arange(t, device=device)  # [T]
         self._slots = meta.slot_mapping
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
