@@ -2,10 +2,12 @@
 
 A *uniform step* is a forward in which every sequence appends the same number of tokens
 ``q_len`` and wants the logits of all of them: a plain decode step (q_len 1) or the target's
-verify of k drafts (q_len k + 1), optionally with the target's aux features (EAGLE). It is
+verify of k drafts (q_len k + 1), optionally with the target's aux features (EAGLE), or a
+draft step of a feature-fed model (an EAGLE head: each token comes with a feature row). It is
 the same kernels every time; only the inputs change. A bucket is (rows, q_len, context,
-aux layers); it owns persistent input buffers (token ids, positions, the ``StaticAttention``
-layout) and output buffers (final hidden states, float32 logits, aux features). A step copies
+aux layers, feature size); it owns persistent input buffers (token ids, positions, features,
+the ``StaticAttention`` layout) and output buffers (final hidden states, float32 logits, aux
+features). A step copies
 its inputs into the smallest bucket that holds it, replays the graph and reads the first rows
 of the outputs: one launch instead of hundreds, no Python per layer. Buckets are captured
 lazily on first use, or by ``capture_all``; they share one memory pool. Multi-token buckets
@@ -44,7 +46,26 @@ class _Bucket:
     hidden: torch.Tensor | None = None  # [B*Q, hidden] after the final norm
     logits: torch.Tensor | None = None  # [B*Q, vocab] float32
     aux: torch.Tensor | None = None     # [B*Q, len(aux_layers) * hidden] when aux_layers
+    features: torch.Tensor | None = None  # [B*Q, F] the inputs of a feature-fed model
     graph: "torch.cuda.CUDAGraph | None" = None
+
+
+def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, attn, aux_layers: tuple[int, ...],
+            features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward -> (hidden [T, hidden], aux or None): a feature-fed model (an EAGLE head) takes a feature row
+    per token and returns no aux; any other model returns the aux layers asked for."""
+    if features is not None:
+        return model(input_ids, positions, attn, features), None
+    if aux_layers:
+        return model.forward_aux(input_ids, positions, attn, aux_layers)
+    return model(input_ids, positions, attn), None
+
+
+def feature_buffer(model, tokens: int, features: int, device: torch.device) -> torch.Tensor | None:
+    """A bucket's persistent feature input [tokens, features] in the model's dtype, or None (features 0)."""
+    if not features:
+        return None
+    return torch.zeros(tokens, features, dtype=next(model.parameters()).dtype, device=device)
 
 
 def capture(record: Callable[[], None], warm_up: Callable[[], None], pool, device: torch.device
@@ -86,12 +107,13 @@ class StepGraphs:
         alloc = runner.allocator
         alloc.extend(PAD_SEQ, 1)
         self.scratch_block = alloc.block_table(PAD_SEQ)[0]
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._buckets: dict[tuple[int, int, int, tuple[int, ...], int], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
-    def bucket_for(self, meta: AttentionMetadata, aux_layers: tuple[int, ...] = ()
-                   ) -> tuple[int, int, int, tuple[int, ...]] | None:
-        """(rows, q_len, context, aux_layers) of the smallest bucket holding this uniform step, or None."""
+    def bucket_for(self, meta: AttentionMetadata, aux_layers: tuple[int, ...] = (), features: int = 0
+                   ) -> tuple[int, int, int, tuple[int, ...], int] | None:
+        """(rows, q_len, context, aux_layers, features) of the smallest bucket holding this uniform step, or None
+        (``features``: the width of the feature rows a feature-fed model reads, 0 for none)."""
         q_len = meta.q_lens[0]
         if any(q != q_len for q in meta.q_lens) or q_len > self.max_q_len:
             return None
@@ -100,13 +122,14 @@ class StepGraphs:
         ctx = next((c for c in self.context_buckets if c >= longest), None)
         if rows is None or ctx is None or (q_len > 1 and rows * q_len > MAX_GRAPH_TOKENS):
             return None
-        return rows, q_len, ctx, tuple(aux_layers)
+        return rows, q_len, ctx, tuple(aux_layers), features
 
-    def run(self, key: tuple[int, int, int, tuple[int, ...]], meta: AttentionMetadata, input_ids: torch.Tensor,
-            positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def run(self, key: tuple[int, int, int, tuple[int, ...], int], meta: AttentionMetadata,
+            input_ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One uniform step of T = n * q_len tokens in bucket ``key`` (from ``bucket_for``): input_ids,
-        positions [T] -> (logits [T, vocab] float32, hidden [T, hidden], aux [T, aux] or None): views of
-        the bucket's buffers."""
+        positions [T] (features [T, F] for a feature-fed model) -> (logits [T, vocab] float32, hidden
+        [T, hidden], aux [T, aux] or None): views of the bucket's buffers."""
         bucket = self._buckets.get(key) or self._build(*key)
         t = input_ids.shape[0]
         bucket.attn.load(meta)
@@ -114,6 +137,8 @@ class StepGraphs:
         bucket.input_ids[t:].zero_()
         bucket.positions[:t].copy_(positions)
         bucket.positions[t:].zero_()
+        if bucket.features is not None:  # padding rows keep whatever rows they held: they only write scratch
+            bucket.features[:t].copy_(features)
         if bucket.graph is not None:
             bucket.graph.replay()
         else:
@@ -127,27 +152,29 @@ class StepGraphs:
                 if q_len > 1 and rows * q_len > MAX_GRAPH_TOKENS:
                     continue
                 for ctx in reversed(self.context_buckets):
-                    if (rows, q_len, ctx, ()) not in self._buckets:
-                        self._build(rows, q_len, ctx, ())
+                    if (rows, q_len, ctx, (), 0) not in self._buckets:
+                        self._build(rows, q_len, ctx, (), 0)
         return len(self._buckets)
 
     def _compute(self, bucket: _Bucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         model = self.runner.model
         bucket.attn.prepare()
-        hidden, aux = model.forward_aux(bucket.input_ids, bucket.positions, bucket.attn, bucket.aux_layers)
+        hidden, aux = forward(model, bucket.input_ids, bucket.positions, bucket.attn, bucket.aux_layers,
+                              bucket.features)
         return model.compute_logits(hidden), hidden, aux
 
     def _forward(self, bucket: _Bucket) -> None:
         keep_outputs(bucket, *self._compute(bucket))
 
-    def _build(self, rows: int, q_len: int, ctx: int, aux_layers: tuple[int, ...]) -> _Bucket:
+    def _build(self, rows: int, q_len: int, ctx: int, aux_layers: tuple[int, ...], features: int) -> _Bucket:
         r = self.runner
         dev = r.device
         blocks = -(-ctx // r.cache.block_size)
         attn = StaticAttention(r.cache, r.model.config.num_heads, rows, q_len, blocks, self.scratch_block)
         t = rows * q_len
         bucket = _Bucket(attn, aux_layers, torch.zeros(t, dtype=torch.long, device=dev),
-                         torch.zeros(t, dtype=torch.long, device=dev))
+                         torch.zeros(t, dtype=torch.long, device=dev),
+                         features=feature_buffer(r.model, t, features, dev))
         if not self.capture:
             with torch.inference_mode():
                 self._forward(bucket)  # allocates the output buffers
@@ -156,7 +183,7 @@ class StepGraphs:
                 bucket.logits, bucket.hidden, bucket.aux = self._compute(bucket)
 
             bucket.graph = capture(record, lambda: self._forward(bucket), self._pool, dev)
-        self._buckets[(rows, q_len, ctx, aux_layers)] = bucket
+        self._buckets[(rows, q_len, ctx, aux_layers, features)] = bucket
         return bucket
 
     @property

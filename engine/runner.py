@@ -17,7 +17,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata, create_backend
 from engine.config import EngineConfig
-from engine.graphs import StepGraphs
+from engine.graphs import StepGraphs, forward
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
 from engine.prefill_graphs import PrefillGraphs
@@ -81,35 +81,50 @@ class ModelRunner:
     def free(self, seq_id: str) -> None:
         self.allocator.free(seq_id)
 
-    def _prefill_key(self, c: Chunk, aux_layers: tuple[int, ...]):
+    def capture_prefills(self, aux_layers: tuple[int, ...] = (), features: int = 0) -> int:
+        """On a GPU: capture the prefill graph of every whole-prompt length now (``PrefillGraphs.capture_prompts``),
+        before requests arrive; returns the prefill graphs captured (0 where nothing is captured)."""
+        pg = self.prefill_graphs
+        if pg is None or not pg.capture:
+            return 0
+        pg.capture_prompts(tuple(aux_layers), features)
+        return pg.num_captured
+
+    def _prefill_key(self, c: Chunk, aux_layers: tuple[int, ...], features: int):
         """The prefill-graph bucket of a chunk that is not a uniform step (a prompt), or None (not theirs)."""
         n = len(c.token_ids)
         if self.prefill_graphs is None or (n <= self.graphs.max_q_len and c.num_logits == n):
             return None
-        return self.prefill_graphs.bucket_for(self.allocator.length(c.seq_id), n, c.num_logits, aux_layers)
+        return self.prefill_graphs.bucket_for(self.allocator.length(c.seq_id), n, c.num_logits, aux_layers, features)
 
-    def _prefill(self, c: Chunk, key) -> RunOutput:
+    def _prefill(self, c: Chunk, key, features: torch.Tensor | None) -> RunOutput:
         """One prompt chunk through its prefill graph -> views of the bucket's buffers (the next replay of
         the bucket overwrites them: copy out before that)."""
         start = self.allocator.length(c.seq_id)
         self.allocator.extend(c.seq_id, start + len(c.token_ids))
-        return RunOutput(*self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits))
+        return RunOutput(*self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits, features))
 
-    def _with_prefill_graphs(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...]) -> RunOutput | None:
+    def _with_prefill_graphs(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...],
+                             features: torch.Tensor | None) -> RunOutput | None:
         """A round holding 1 .. MAX_GRAPH_PREFILLS prompt chunks: each through its prefill graph, the other
         chunks (decode rows, a prompt no bucket takes) as one batch beside them; None when none is taken.
         The outputs are copied once into the round's output, in chunk order (every sequence attends only to
-        its own KV, so how the chunks are grouped into forwards changes nothing)."""
-        keys = [self._prefill_key(c, aux_layers) for c in chunks]
+        its own KV, so how the chunks are grouped into forwards changes nothing). ``features``: the rows of
+        a feature-fed model, chunk after chunk, split the same way."""
+        width = 0 if features is None else features.shape[1]
+        keys = [self._prefill_key(c, aux_layers, width) for c in chunks]
         if not any(keys) or sum(k is not None for k in keys) > MAX_GRAPH_PREFILLS:
             return None
-        rest = [c for c, k in zip(chunks, keys) if k is None]
-        batched = iter(_split(self._run_batch(rest, None, aux_layers), rest) if rest else [])
         rows = list(itertools.accumulate((c.num_logits for c in chunks), initial=0))
         tokens = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
+        feats = [None if features is None else features[tokens[i]:tokens[i + 1]] for i in range(len(chunks))]
+        rest = [i for i, k in enumerate(keys) if k is None]
+        rest_chunks = [chunks[i] for i in rest]
+        rest_feats = None if features is None or not rest else torch.cat([feats[i] for i in rest])
+        batched = iter(_split(self._run_batch(rest_chunks, rest_feats, aux_layers), rest_chunks) if rest else [])
         out = None
         for i, (c, k) in enumerate(zip(chunks, keys)):
-            logits, hidden, aux = _split(self._prefill(c, k), [c])[0] if k is not None else next(batched)
+            logits, hidden, aux = _split(self._prefill(c, k, feats[i]), [c])[0] if k is not None else next(batched)
             if out is None:
                 out = RunOutput(logits.new_empty(rows[-1], logits.shape[1]),
                                 hidden.new_empty(rows[-1], hidden.shape[1]),
@@ -135,10 +150,9 @@ class ModelRunner:
         for c in chunks:
             if not c.token_ids or not 0 <= c.num_logits <= len(c.token_ids):
                 raise ValueError(f"chunk {c.seq_id}: {len(c.token_ids)} tokens, {c.num_logits} logits")
-        if features is None:
-            out = self._with_prefill_graphs(chunks, tuple(aux_layers))
-            if out is not None:
-                return out
+        out = self._with_prefill_graphs(chunks, tuple(aux_layers), features)
+        if out is not None:
+            return out
         return self._run_batch(chunks, features, tuple(aux_layers))
 
     def _run_batch(self, chunks: Sequence[Chunk], features: torch.Tensor | None, aux_layers: tuple[int, ...]
@@ -166,20 +180,14 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         key = None
-        if self.graphs is not None and features is None and len(logit_rows) == len(ids):
-            key = self.graphs.bucket_for(meta, tuple(aux_layers))
+        if self.graphs is not None and len(logit_rows) == len(ids):
+            key = self.graphs.bucket_for(meta, tuple(aux_layers), 0 if features is None else features.shape[1])
         if key is not None:
-            logits, hidden, aux = self.graphs.run(key, meta, input_ids, pos)
+            logits, hidden, aux = self.graphs.run(key, meta, input_ids, pos, features)
             # views of the bucket's buffers, which the next step overwrites: copy out
             return RunOutput(logits.clone(), hidden.clone(), None if aux is None else aux.clone())
         self.attention.plan(meta)
-        aux = None
-        if features is not None:
-            hidden = self.model(input_ids, pos, self.attention, features)
-        elif aux_layers:
-            hidden, aux = self.model.forward_aux(input_ids, pos, self.attention, aux_layers)
-        else:
-            hidden = self.model(input_ids, pos, self.attention)
+        hidden, aux = forward(self.model, input_ids, pos, self.attention, aux_layers, features)
         if len(logit_rows) < len(ids):
             hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
         return RunOutput(self.model.compute_logits(hidden), hidden, aux)

@@ -302,12 +302,12 @@ class SpecDecoder:
 
     def capture_prefills(self) -> int:
         """On a GPU: capture the target's prefill graph of every whole-prompt length now (with the features the
-        drafter reads), before requests arrive; returns the prefill graphs captured (0 without graphs)."""
-        pg = self.target.prefill_graphs
-        if pg is None or not pg.capture:
-            return 0
-        pg.capture_prompts(self.feature_layers)
-        return pg.num_captured
+        drafter reads), and the drafter's own for its catch-up over a prompt, before requests arrive; returns
+        the prefill graphs captured (0 without graphs)."""
+        n = self.target.capture_prefills(self.feature_layers)
+        if self.drafter is not None and self.drafter.graph_rounds:
+            n += self.drafter.capture_prefills()
+        return n
 
     # ------------------------------------------------------------------ the fast path
     def _fused_ready(self, r: Request, k: int) -> bool:

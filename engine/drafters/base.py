@@ -16,7 +16,8 @@ Capabilities are declared as attributes, never inferred from names:
   ``round_program(rows, k, max_blocks, sampled)`` returns its ``DraftProgram`` for one bucket (sampled:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
-  ``propose``) can go on in fused rounds from here.
+  ``propose``) can go on in fused rounds from here, and ``capture_prefills()`` captures the graphs of its
+  own catch-up over a prompt up front (on a GPU; returns how many, 0 where nothing is captured).
 """
 
 from __future__ import annotations

@@ -64,6 +64,10 @@ class EagleDrafter:
 
         return EagleProgram(self, rows, k, max_blocks, sampled)
 
+    def capture_prefills(self) -> int:
+        """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests."""
+        return self.runner.capture_prefills(features=self.head.config.hidden_size)
+
     def graph_ready(self, request_id: str, committed: int) -> bool:
         """After ``propose``: the head holds true entries 1 .. committed - 1 (base 1), what a fused round
         continues from; from then on the fused rounds keep the head's KV and this state goes stale."""

@@ -57,6 +57,10 @@ class ModelDrafter:
         """The target's first ``num_layers`` layers + its final norm and head; shares the weights."""
         return cls(f"layerskip:{num_layers}", target.truncated(num_layers), config, target.config.vocab_size)
 
+    def capture_prefills(self) -> int:
+        """The draft model's prompt catch-up graphs, before requests."""
+        return self.runner.capture_prefills()
+
     def release(self, request_id: str) -> None:
         self._states.pop(request_id, None)
         self.sampler.release(request_id)

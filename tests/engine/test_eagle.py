@@ -102,3 +102,33 @@ def test_head_starts_over_from_a_window_of_features(smollm, head, prompts, plain
     # and continues from there as new features arrive
     more = d.propose([DraftRequest("r", tokens[: n + 3], 4, GREEDY, aux[n: n + 2], n)]).token_ids[0]
     assert len(more) == 4
+
+
+def test_head_forwards_with_feature_rows_take_the_graph_buckets(smollm, head, prompts):
+    """With the static path on (captured on a GPU, eager here) the head's own forwards run in graph buckets
+    that take a feature row per token: its catch-up over prompts in prefill buckets, its draft steps in
+    uniform-step buckets, and a round mixing both. Each gives what the paged eager path gives."""
+    def runner(graphs: bool) -> ModelRunner:
+        return ModelRunner(head, EngineConfig(kv_cache_tokens=4096, max_batch_size=4, max_context=1024, k=4,
+                                              cuda_graphs=graphs))
+
+    eager, static = runner(False), runner(True)
+    a, b = prompts[0], prompts[1]
+    fa, fb = (head.fuse_features(_features(smollm, head, t)) for t in (a, b))
+
+    def same(chunks, features):
+        want, got = eager.run(chunks, features=features), static.run(chunks, features=features)
+        torch.testing.assert_close(got.logits, want.logits, atol=2e-3, rtol=1e-4)
+        torch.testing.assert_close(got.hidden, want.hidden, atol=2e-4, rtol=1e-4)
+        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+        return want
+
+    out = same([Chunk("a", a[:-1]), Chunk("b", b[:-4])], torch.cat([fa[:-1], fb[:-4]]))  # two catch-ups
+    assert static.prefill_graphs._buckets and not static.graphs._buckets
+    for _ in range(2):  # draft steps: a token each, fed the head's previous output
+        out = same([Chunk("a", [a[-1]]), Chunk("b", [b[-4]])], out.hidden)
+    # a round mixing a draft step (a) and a chunk of three tokens (b): a step row beside a prefill bucket
+    same([Chunk("a", [7]), Chunk("b", b[-3:])], torch.cat([out.hidden[:1], fb[-3:]]))
+    width = fa.shape[1]
+    assert all(key[-1] == width for key in [*static.graphs._buckets, *static.prefill_graphs._buckets])
+    assert (2, 1, 512, (), width) in static.graphs._buckets and (32, 512, (), width) in static.prefill_graphs._buckets

@@ -44,7 +44,7 @@ def test_decode_steps_match_the_paged_path_with_padding_rows_and_two_context_buc
             assert torch.allclose(got.hidden, want.hidden, atol=2e-4, rtol=1e-4)
             for s, t in zip(seqs, want.logits.argmax(-1).tolist()):
                 nxt[s] = t
-    assert {(4, 1, 1024, ()), (1, 1, 512, ())} <= set(static.graphs._buckets)
+    assert {(4, 1, 1024, (), 0), (1, 1, 512, (), 0)} <= set(static.graphs._buckets)
 
 
 def test_verify_steps_with_aux_features_match_the_paged_path(smollm):
@@ -63,7 +63,7 @@ def test_verify_steps_with_aux_features_match_the_paged_path(smollm):
         for r in (eager, static):  # roll back two of the five, as a partly rejected verify would
             for s in "abc"[: len(drafts)]:
                 r.truncate(s, r.length(s) - 2)
-    assert (4, 5, 512, aux) in static.graphs._buckets and (2, 5, 512, aux) in static.graphs._buckets
+    assert (4, 5, 512, aux, 0) in static.graphs._buckets and (2, 5, 512, aux, 0) in static.graphs._buckets
 
 
 def test_steps_the_buckets_do_not_hold_take_the_paged_path(smollm):
@@ -75,7 +75,7 @@ def test_steps_the_buckets_do_not_hold_take_the_paged_path(smollm):
     out = r.run([Chunk("x", list(range(10)), num_logits=10)])  # q_len above max_k + 1
     assert r.graphs._buckets == {} and out.logits.shape[0] == 10
     out = r.run([Chunk("x", [9])])
-    assert list(r.graphs._buckets) == [(1, 1, 512, ())] and out.logits.shape[0] == 1
+    assert list(r.graphs._buckets) == [(1, 1, 512, (), 0)] and out.logits.shape[0] == 1
 
 
 def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_path(smollm):
@@ -94,7 +94,7 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
         assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
         torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
         assert static.length(seq) == eager.length(seq) == start + len(ids)
-    assert set(static.prefill_graphs._buckets) == {(32, 512, aux), (64, 512, aux), (1024, 1024, aux)}
+    assert set(static.prefill_graphs._buckets) == {(32, 512, aux, 0), (64, 512, aux, 0), (1024, 1024, aux, 0)}
     for seq in "abcd":  # the padding wrote no key a later query sees
         want, got = eager.run([Chunk(seq, [5])]), static.run([Chunk(seq, [5])])
         torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)

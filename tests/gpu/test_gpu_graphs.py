@@ -93,3 +93,22 @@ def test_captured_prompt_buckets_take_a_round_of_new_prompts_without_a_capture(f
     got = dec.generate(prompts, params)
     assert dec.target.prefill_graphs.num_captured == n
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+
+
+def test_the_heads_first_drafts_run_in_its_own_captured_graphs(f32, prompts):
+    """Before a request's first fused round the EAGLE head catches up over its prompt and drafts eagerly
+    (``EagleDrafter.propose``); those forwards take a feature row per token and run in the head's own
+    captured prefill and step graphs (``SpecDecoder.capture_prefills`` captures its prompt buckets up
+    front). Greedy output equals plain greedy decoding, no prefill graph is captured while serving, and the
+    drafts are the eager drafter's (acceptance within float32 near-ties)."""
+    plain = _decoder(f32, "none", 0, False).generate(prompts, GREEDY)
+    dec = _decoder(f32, "auto", 4, True, fused=True)
+    dec.capture_prefills()
+    head = dec.drafter.runner
+    captured = head.prefill_graphs.num_captured
+    assert captured >= 4
+    got = dec.generate(prompts, GREEDY)
+    assert head.prefill_graphs.num_captured == captured and head.graphs.num_captured >= 1
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    eager = _decoder(f32, "auto", 4, False).generate(prompts, GREEDY)
+    assert abs(sum(o.accepted for o in got) - sum(o.accepted for o in eager)) <= 2
