@@ -24,6 +24,9 @@
 # H (the split merge inside the attention launch): the GPU kernel and graph tests, step and fused-round
 #    profiles (batch 1 and 4), then tandem bench at batch 1 and 4 (HumanEval, greedy, 32 prompts) after a
 #    warm-up pass; with BASE=DIR the profiles and the bench only, in that tree.
+# I (an EAGLE head's first drafts in its own graphs): the GPU graph tests, the first-rounds profile (prefill,
+#    then the first drafts, 64- and 256-token prompts), then tandem bench at batch 1 and 4 (HumanEval, greedy,
+#    32 prompts) after a warm-up pass; with BASE=DIR the profile and the bench only, in that tree.
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -32,7 +35,21 @@ bench() {  # seconds, name, flags...
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
   grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
 }
-if [ "${PART:-A}" = H ]; then
+if [ "${PART:-A}" = I ]; then
+  if [ -z "${BASE:-}" ]; then
+    timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_graphs.py > "$OUT/gpu-tests.log" 2>&1
+    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  else
+    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
+  fi
+  timeout 100 python3 -m bench.step_profile --prefill 64,256 --round auto --iters 10 --top 12 \
+    --out "$OUT/first-rounds.json" 2>&1 | grep -E "^prefill"
+  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval --batch-sizes 1,4)
+  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
+  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
+  echo "warm-up pass done at $SECONDS s"
+  bench "${MAIN_S:-150}" "$name-bs1-4" "${grid[@]}" --num-prompts 32
+elif [ "${PART:-A}" = H ]; then
   if [ -z "${BASE:-}" ]; then
     timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py \
       > "$OUT/gpu-tests.log" 2>&1
