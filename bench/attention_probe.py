@@ -75,7 +75,8 @@ def main() -> None:
     p.add_argument("--cases", default="1x1x256,1x5x256,4x1x256,4x5x256,1x1x1024,16x5x512",
                    help="rows x q_len x context, comma separated")
     p.add_argument("--iters", type=int, default=50, help="graph replays timed (30 launches each)")
-    p.add_argument("--split-chunk", type=int, help="splits the in-launch merge loads at a time (a power of two)")
+    p.add_argument("--split-chunk", type=int,
+                   help="splits the in-launch merge loads at a time (a power of two; the kernel of commit ba21b71)")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()
     if args.split_chunk:
