@@ -35,108 +35,67 @@ bench() {  # seconds, name, flags...
     --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1
   grep -E '^\{' "$OUT/$2.log" | cut -c1-200; echo "bench $2 done at $SECONDS s"
 }
+gpu_tests() {  # seconds ($TESTS_S overrides), pytest args...: into $OUT/gpu-tests.log
+  timeout "${TESTS_S:-$1}" python3 -m pytest -q "${@:2}" > "$OUT/gpu-tests.log" 2>&1
+  tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+}
+tests_or_base() {  # as gpu_tests; with BASE=DIR (an older tree) no tests, and the rest runs in that tree
+  if [ -z "${BASE:-}" ]; then gpu_tests "$@"; else cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"; fi
+}
+warm_bench() {  # warm-up seconds, warm-up prompts, seconds ($MAIN_S overrides), name, prompts, grid...:
+  # a short pass first (24 tokens: every kernel and graph bucket of the grid compiled and captured), then the measured one
+  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
+  bench "$1" "warm" "${@:6}" --num-prompts "$2" --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
+  echo "warm-up pass done at $SECONDS s"
+  bench "${MAIN_S:-$3}" "$4" "${@:6}" --num-prompts "$5"
+}
 if [ "${PART:-A}" = I ]; then
-  if [ -z "${BASE:-}" ]; then
-    timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_graphs.py > "$OUT/gpu-tests.log" 2>&1
-    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  else
-    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
-  fi
+  tests_or_base 200 tests/gpu/test_gpu_graphs.py
   timeout 100 python3 -m bench.step_profile --prefill 64,256 --round auto --iters 10 --top 12 \
     --out "$OUT/first-rounds.json" 2>&1 | grep -E "^prefill"
-  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval --batch-sizes 1,4)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-150}" "$name-bs1-4" "${grid[@]}" --num-prompts 32
+  warm_bench 100 16 150 "$name-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0 --dataset humaneval \
+    --batch-sizes 1,4
 elif [ "${PART:-A}" = H ]; then
-  if [ -z "${BASE:-}" ]; then
-    timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py \
-      > "$OUT/gpu-tests.log" 2>&1
-    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  else
-    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
-  fi
+  tests_or_base 200 tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py
   timeout 100 python3 -m bench.step_profile --batch 1,4 --q-len 1,5 --iters 100 --top 6 --out "$OUT/step.json" 2>&1 \
     | grep -vi warn
   timeout 100 python3 -m bench.step_profile --round auto --batch 1,4 --iters 50 --top 6 --out "$OUT/round.json" 2>&1 \
     | grep -vi warn
   echo "profiles done at $SECONDS s"
   [ -n "${NO_BENCH:-}" ] && { echo "done in $SECONDS s"; exit 0; }
-  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval --batch-sizes 1,4)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-150}" "$name-bs1-4" "${grid[@]}" --num-prompts 32
+  warm_bench 100 16 150 "$name-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0 --dataset humaneval \
+    --batch-sizes 1,4
 elif [ "${PART:-A}" = G ]; then
-  if [ -z "${BASE:-}" ]; then
-    timeout "${TESTS_S:-150}" python3 -m pytest -q tests/gpu/test_gpu_graphs.py > "$OUT/gpu-tests.log" 2>&1
-    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  else
-    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
-  fi
-  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval --batch-sizes 1,4,8)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-150}" "$name-bs1-8" "${grid[@]}" --num-prompts 32
+  tests_or_base 150 tests/gpu/test_gpu_graphs.py
+  warm_bench 100 16 150 "$name-bs1-8" 32 --drafts none,auto --baselines none --temperatures 0 --dataset humaneval \
+    --batch-sizes 1,4,8
   bench 150 "$name-arrivals" --drafts none,auto --baselines none --temperatures 0 --dataset sharegpt \
     --num-prompts 48 --batch-sizes 16 --arrival-rate 24 --round-token-budgets 0,256
 elif [ "${PART:-A}" = F ]; then
-  if [ -z "${BASE:-}" ]; then
-    timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_fused_sampling.py \
-      tests/gpu/test_gpu_graphs.py > "$OUT/gpu-tests.log" 2>&1
-    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  else
-    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
-  fi
+  tests_or_base 200 tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_fused_sampling.py tests/gpu/test_gpu_graphs.py
   for t in 0 0.7; do
     timeout 100 python3 -m bench.step_profile --round auto --temperature $t --batch 1,4 --iters 50 --top 12 \
       --out "$OUT/round-T$t.json" 2>&1 | grep -E "^round"
   done
-  grid=(--drafts none,auto --baselines none --temperatures 0,0.7 --dataset humaneval --batch-sizes 1,4)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-200}" "$name-bs1-4" "${grid[@]}" --num-prompts 32
+  warm_bench 100 16 200 "$name-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0,0.7 \
+    --dataset humaneval --batch-sizes 1,4
 elif [ "${PART:-A}" = E ]; then
-  if [ -z "${BASE:-}" ]; then
-    timeout "${TESTS_S:-200}" python3 -m pytest -q "tests/gpu/test_gpu_kernels.py::test_philox_random_rows_compiled_equal_the_reference" \
-      tests/gpu/test_gpu_fused_sampling.py "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy" \
-      > "$OUT/gpu-tests.log" 2>&1
-    tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  else
-    cd "$BASE" && export PYTHONPATH="$PWD:$PYTHONPATH"
-  fi
-  grid=(--drafts none,auto --baselines none --temperatures 0.7 --dataset humaneval --batch-sizes 1,4,16,64)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 120 "warm" "${grid[@]}" --num-prompts 64 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-200}" "$name-sampled" "${grid[@]}" --num-prompts 64
+  tests_or_base 200 "tests/gpu/test_gpu_kernels.py::test_philox_random_rows_compiled_equal_the_reference" \
+    tests/gpu/test_gpu_fused_sampling.py "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy"
+  warm_bench 120 64 200 "$name-sampled" 64 --drafts none,auto --baselines none --temperatures 0.7 \
+    --dataset humaneval --batch-sizes 1,4,16,64
 elif [ "${PART:-A}" = D ]; then
-  timeout "${TESTS_S:-200}" python3 -m pytest -q tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
-    > "$OUT/gpu-tests.log" 2>&1
-  tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  gpu_tests 200 tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py
   timeout 90 python3 -m bench.step_profile --prefill 64,256,1024 --iters 10 --out "$OUT/prefill.json" 2>&1 \
     | grep -E "^prefill"
-  grid=(--drafts none,auto --baselines none --temperatures 0 --dataset humaneval,sharegpt --batch-sizes 1,4)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 100 "warm" "${grid[@]}" --num-prompts 16 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-150}" "$name-bs1-4" "${grid[@]}" --num-prompts 16
+  warm_bench 100 16 150 "$name-bs1-4" 16 --drafts none,auto --baselines none --temperatures 0 \
+    --dataset humaneval,sharegpt --batch-sizes 1,4
 elif [ "${PART:-A}" = C ]; then
-  timeout "${TESTS_S:-120}" python3 -m pytest -q tests/gpu/test_gpu_fused_sampling.py \
-    "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy" > "$OUT/gpu-tests.log" 2>&1
-  tail -3 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
-  grid=(--drafts none,auto --baselines none --temperatures 0,0.7 --dataset humaneval,sharegpt --batch-sizes 1,4,16,64)
-  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
-  bench 120 "warm" "${grid[@]}" --num-prompts 64 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
-  echo "warm-up pass done at $SECONDS s"
-  bench "${MAIN_S:-260}" "$name" "${grid[@]}" --num-prompts 64
+  gpu_tests 120 tests/gpu/test_gpu_fused_sampling.py "tests/gpu/test_gpu_graphs.py::test_fused_rounds_captured_equal_plain_greedy"
+  warm_bench 120 64 260 "$name" 64 --drafts none,auto --baselines none --temperatures 0,0.7 \
+    --dataset humaneval,sharegpt --batch-sizes 1,4,16,64
 elif [ "${PART:-A}" = A ]; then
-  timeout "${TESTS_S:-210}" python3 -m pytest -q tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py \
-    tests/gpu/test_gpu_fused_sampling.py > "$OUT/gpu-tests.log" 2>&1
-  tail -5 "$OUT/gpu-tests.log"; echo "tests done at $SECONDS s"
+  gpu_tests 210 tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py
   timeout 60 python3 -m bench.step_profile --batch 1 --q-len 1 --iters 100 --out "$OUT/step.json" 2>&1 | grep -v Warn
   timeout 90 python3 -m bench.step_profile --round auto --batch 1,64 --iters 50 --out "$OUT/round-auto.json" 2>&1 \
     | grep -v Warn
