@@ -41,6 +41,7 @@ def build(settings: DrafterSettings, config: EngineConfig) -> DrafterEngine:
 def warm_up(engine: DrafterEngine) -> None:
     import torch
 
+    engine.capture_prefills()
     params = SamplingParams(temperature=0.7, seed=0)
     feats = torch.zeros(4, engine.feature_size) if engine.feature_size else None  # a feature-fed head drafts too
     engine.draft([DraftItem("warmup", 0, [1, 2, 3, 1, 2], 2, params, feats, 0)])

@@ -112,3 +112,23 @@ def test_the_heads_first_drafts_run_in_its_own_captured_graphs(f32, prompts):
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     eager = _decoder(f32, "auto", 4, False).generate(prompts, GREEDY)
     assert abs(sum(o.accepted for o in got) - sum(o.accepted for o in eager)) <= 2
+
+
+def test_the_drafter_service_warm_up_captures_the_heads_prompt_graphs(f32):
+    """drafter_svc's warm-up captures the head's prompt catch-up graphs before requests; a split drafter's
+    catch-up over a new prompt then replays one instead of capturing it."""
+    from drafter_svc.main import warm_up
+    from drafter_svc.service import DraftItem, DrafterEngine
+    from engine.config import EngineConfig
+    from engine.drafters import DraftSpec, build_drafter
+
+    config = EngineConfig(device="cuda", dtype="float32", attention="torch", kv_cache_tokens=8192, k=4)
+    engine = DrafterEngine(build_drafter(DraftSpec.parse("auto"), f32, config), f32.config.vocab_size, 8)
+    warm_up(engine)
+    pg = engine.drafter.runner.prefill_graphs
+    captured = pg.num_captured
+    assert captured >= 4
+    prompt = list(range(100, 160))
+    feats = torch.randn(len(prompt) - 1, engine.feature_size, device="cuda")
+    [d] = engine.draft([DraftItem("r", 0, prompt, 4, GREEDY, feats, 0)])
+    assert len(d.tokens) == 4 and pg.num_captured == captured

@@ -19,6 +19,7 @@ GREEDY = SamplingParams(max_tokens=24, ignore_eos=True, seed=1)
 
 def test_drafter_history_append_rollback_and_resync():
     eng = DrafterEngine(NgramDrafter(max_n=2), vocab_size=100, max_k=4)
+    assert eng.capture_prefills() == 0  # n-gram: no graphs to capture at warm-up
     [r] = eng.draft([DraftItem("a", 0, [5, 6, 7, 5, 6], 2, GREEDY)])
     assert r.tokens == [7, 5] and r.probs is None
     [r] = eng.draft([DraftItem("a", 5, [9], 2, GREEDY)])           # append
