@@ -46,7 +46,7 @@ class DrafterEngine:
 
     def capture_prefills(self) -> int:
         """The drafter's catch-up graphs for whole prompts, before requests (on a GPU; 0 where nothing is captured)."""
-        return self.drafter.capture_prefills() if self.drafter.graph_rounds else 0
+        return self.drafter.capture_prefills()
 
     def _update(self, it: DraftItem) -> None:
         if it.k < 1 or it.k > self.max_k + 1:  # k + 1: the early draft also guesses the bonus token

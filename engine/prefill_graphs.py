@@ -11,7 +11,8 @@ its table, where the next tokens overwrite them. Only the last ``num_logits`` re
 the LM head (row indices are an input buffer), so the logits buffer stays small.
 
 A feature-fed model (an EAGLE head catching up over a prompt) reads a feature row per token from
-a buffer of the bucket; its padding rows are zeros. Buckets are (Q, context, aux layers, feature
+a buffer of the bucket (padding rows keep whatever rows they held, as the padding tokens' outputs
+are never read). Buckets are (Q, context, aux layers, feature
 size), captured into one pool: every whole prompt's up front
 (``capture_prompts``, from the decoder's warm-up), a later chunk's on first use. The runner sends up to
 ``MAX_GRAPH_PREFILLS`` prompts of a round here, one replay each. On a CPU they run eagerly
@@ -88,9 +89,8 @@ class PrefillGraphs:
         ids = torch.zeros(q, dtype=torch.long)  # padding tokens: id 0
         ids[:n] = torch.as_tensor(tokens, dtype=torch.long)
         b.input_ids.copy_(ids, non_blocking=True)
-        if b.features is not None:
+        if b.features is not None:  # padding rows keep earlier rows: they only write past the sequence
             b.features[:n].copy_(features)
-            b.features[n:].zero_()
         b.start.fill_(start)
         # the last num_logits real rows (none wanted, a chunk of a prompt: one, unread), padded with the last
         first = n - max(num_logits, 1)

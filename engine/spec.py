@@ -305,7 +305,7 @@ class SpecDecoder:
         drafter reads), and the drafter's own for its catch-up over a prompt, before requests arrive; returns
         the prefill graphs captured (0 without graphs)."""
         n = self.target.capture_prefills(self.feature_layers)
-        if self.drafter is not None and self.drafter.graph_rounds:
+        if self.drafter is not None:
             n += self.drafter.capture_prefills()
         return n
 

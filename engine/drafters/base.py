@@ -16,8 +16,10 @@ Capabilities are declared as attributes, never inferred from names:
   ``round_program(rows, k, max_blocks, sampled)`` returns its ``DraftProgram`` for one bucket (sampled:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
-  ``propose``) can go on in fused rounds from here, and ``capture_prefills()`` captures the graphs of its
-  own catch-up over a prompt up front (on a GPU; returns how many, 0 where nothing is captured).
+  ``propose``) can go on in fused rounds from here.
+
+Every drafter has ``capture_prefills()``: it captures the graphs of its own catch-up over a prompt up
+front (on a GPU; returns how many, 0 for a drafter with no graphs or where nothing is captured).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class Drafter(Protocol):
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal: ...
 
     def release(self, request_id: str) -> None: ...
+
+    def capture_prefills(self) -> int: ...
 
 
 @dataclass

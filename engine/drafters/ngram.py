@@ -42,3 +42,6 @@ class NgramDrafter:
 
     def release(self, request_id: str) -> None:
         pass
+
+    def capture_prefills(self) -> int:
+        return 0  # no model, no graphs
