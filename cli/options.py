@@ -43,6 +43,10 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
                    help="fused rounds speculate only while at most N requests run: a request that runs while more "
                         "do decodes plainly to its end (a verify of k + 1 tokens per row costs more there than the "
                         "drafts save; default 8; none: always speculate)")
+    g.add_argument("--pipeline-max-batch", type=int, metavar="N",
+                   help="while at most N requests run a fused round, launch the next round before reading this one "
+                        "(its inputs chained on the GPU), so the host's work on a round overlaps the GPU's next one; "
+                        "0 turns it off (default: 8 where rounds run as captured CUDA graphs, else 0)")
 
 
 def _limit(text: str) -> int | None:
@@ -78,7 +82,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens,
                         cuda_graphs=False if getattr(args, "enforce_eager", False) else None,
                         fused_rounds=False if getattr(args, "no_fused_rounds", False) else None,
-                        spec_max_batch=getattr(args, "spec_max_batch", 8))
+                        spec_max_batch=getattr(args, "spec_max_batch", 8),
+                        pipeline_max_batch=getattr(args, "pipeline_max_batch", None))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

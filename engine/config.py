@@ -114,6 +114,10 @@ class EngineConfig:
     # fused rounds speculate only while at most this many requests run: a request running while more do decodes
     # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
     spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 8
+    # while at most this many requests run a fused round, the next round is launched before this one is read, its
+    # inputs chained on the device (engine/fused_round.py: the host's work overlaps the GPU's); 0: never; None: 8
+    # where rounds are captured (cuda), 0 where they run eagerly
+    pipeline_max_batch: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -131,6 +135,8 @@ class EngineConfig:
         _require(self.draft_top_m >= 0, "draft_top_m", f"must be >= 0, got {self.draft_top_m}")
         _require(self.spec_max_batch is None or self.spec_max_batch >= 0, "spec_max_batch",
                  f"must be >= 0 or None, got {self.spec_max_batch}")
+        _require(self.pipeline_max_batch is None or self.pipeline_max_batch >= 0, "pipeline_max_batch",
+                 f"must be >= 0 or None, got {self.pipeline_max_batch}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
 
@@ -149,6 +155,13 @@ class EngineConfig:
     def use_fused_rounds(self) -> bool:
         """Whether greedy rounds (verify, accept, drafting) run as one graph each (eagerly on cpu)."""
         return self.use_cuda_graphs if self.fused_rounds is None else self.fused_rounds
+
+    @property
+    def pipeline_rows(self) -> int:
+        """Fused rounds of at most this many rows launch the next round ahead (0: none)."""
+        if self.pipeline_max_batch is not None:
+            return self.pipeline_max_batch
+        return 8 if self.use_fused_rounds and self.device.startswith("cuda") else 0
 
     @property
     def attention_backend(self) -> str:

@@ -32,7 +32,7 @@ tested without a GPU.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -72,6 +72,7 @@ class FusedRow:
     num_draft: int                  # drafts to verify, <= k: fewer near max_tokens, as the eager round
     q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
     draw: int = 0                   # the request's draw number for this round's coins (sampled rows)
+    room: int = 0                   # tokens the request may still commit (0: unknown, never launched ahead)
 
 
 @dataclass(frozen=True)
@@ -142,15 +143,36 @@ class _RoundGraph:
     out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
+    host_out: list[torch.Tensor] = field(default_factory=list)  # two pinned copies of out (captured graphs)
+    launches: int = 0
+
+
+@dataclass
+class _Launch:
+    """A replay on its way: the rows it runs (request ids, in order), each row's L (None while it is chained
+    from a round not yet read) and where its output lands on the host."""
+
+    g: _RoundGraph
+    rows: tuple[str, ...]
+    lengths: list[int] | None
+    out: torch.Tensor                  # [n, 2k+2] on the host (a pinned slot) or the graph's own buffer (eager)
+    done: "torch.cuda.Event | None"
+
+    def read(self) -> list[list[int]]:
+        """The round's one host sync."""
+        if self.done is not None:
+            self.done.synchronize()
+        return self.out.tolist()
 
 
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
-                 max_context: int, capture: bool) -> None:
+                 max_context: int, capture: bool, pipeline_rows: int = 0) -> None:
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         self.target, self.drafter, self.k = target, drafter, k
         self.capture = capture
+        self.pipeline_rows = pipeline_rows
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
@@ -162,21 +184,82 @@ class FusedRounds:
         self._offsets = torch.arange(k + 1, device=target.device)
         self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._ahead: _Launch | None = None  # the next round, launched before the last one was read
         self.rounds = 0  # rounds run (a counter for stats and tests)
+        self.rounds_ahead = 0  # of them, rounds that had been launched ahead
+        self.dropped = 0  # rounds launched ahead whose rows did not come back as they were (wasted, never read)
 
     # ------------------------------------------------------------------ host side
     def fits(self, committed: int) -> bool:
         """Whether a row with this many committed tokens can take a round (its KV and drafts fit)."""
         return committed + 2 * self.k + 1 <= self.max_context
 
-    def run(self, rows: Sequence[FusedRow]) -> list[RowResult]:
-        """One round for these rows."""
+    def run(self, rows: Sequence[FusedRow], ahead: bool = False) -> list[RowResult]:
+        """One round for these rows. ``ahead``: the caller means to run the same rows again next (nothing
+        waits to join them), so where they qualify (``_chains``) the next round is launched before this one
+        is read, with its inputs (last committed token, next drafts, KV lengths) chained on the device; the
+        host's work on this round's output then overlaps the GPU's next round."""
         k, n = self.k, len(rows)
         lengths = [len(r.token_ids) - 1 for r in rows]  # L: everything but t0 is in the target's KV
-        rows_b = next(b for b in self.batch_buckets if b >= n)
-        ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * k + 1)
+        ids = tuple(r.request_id for r in rows)
+        launch, self._ahead = self._ahead, None
+        if launch is not None and (launch.rows != ids or launch.lengths != lengths):
+            self._drop(launch)
+            launch = None
+        g = launch.g if launch is not None else None
+        if launch is None:
+            launch = self._launch(rows, lengths)
+            g = launch.g
+        else:  # the KV lengths this round wrote, inside the blocks it was launched with
+            self.rounds_ahead += 1
+            for r, length in zip(rows, lengths):
+                self.target.allocator.extend(r.request_id, length + k + 1)
+            if g.program is not None:
+                g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
+        chained = ahead and self._chains(g, rows, lengths)
+        if chained:
+            self._ahead = self._launch_chained(g, rows, lengths)
+        out = launch.read()
+        self.rounds += 1
+        alloc = self.target.allocator
+        results = []
+        for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
+            a = row[k + 1]
+            alloc.truncate(r.request_id, length + a + 1, keep_blocks=chained)
+            if g.program is not None:
+                g.program.commit(r.request_id, length + a + 2, keep_blocks=chained)  # tokens committed
+            q = g.q_out[i] if g.q_out is not None and not r.params.greedy else None
+            results.append(RowResult(row[: a + 1], a, row[k + 2:], q))
+        if chained:  # the L each row will have once this round's tokens are committed
+            self._ahead.lengths = [length + row[k + 1] + 1 for length, row in zip(lengths, out)]
+        return results
+
+    def expect(self, request_ids: tuple[str, ...]) -> None:
+        """Before the rows of a round are chosen to run anywhere: unless the round launched ahead runs exactly
+        these requests next, forget it and give back the KV blocks it held past each row's length (no other
+        forward may see them)."""
+        if self._ahead is not None and self._ahead.rows != request_ids:
+            self._drop(self._ahead)
+            self._ahead = None
+
+    def _drop(self, launch: _Launch) -> None:
+        self.dropped += 1
+        for alloc in {self.target.allocator} | ({launch.g.program.allocator} if launch.g.program else set()):
+            for rid in launch.rows:
+                if rid in alloc:
+                    alloc.truncate(rid, alloc.length(rid))
+
+    def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _RoundGraph:
+        rows_b = next(b for b in self.batch_buckets if b >= len(rows))
+        ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * self.k + 1)
         mode = Mode.of([r.params for r in rows])
-        g = self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)
+        return self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)
+
+    def _launch(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _Launch:
+        """A round from the host's state: every input copied in, then the replay."""
+        k, n = self.k, len(rows)
+        g = self._graph(rows, lengths)
+        rows_b = g.inputs.shape[0]
         alloc = self.target.allocator
         for r, length in zip(rows, lengths):
             alloc.extend(r.request_id, length + k + 1)
@@ -190,22 +273,47 @@ class FusedRounds:
         inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, r.num_draft] for r in rows],
                                   dtype=torch.long).view(n, k + 2)
         g.inputs.copy_(inputs, non_blocking=True)
-        if g.graph is not None:
-            g.graph.replay()
-        else:
+        return self._replay(g, rows, list(lengths))
+
+    def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
+        """Whether the next round of these rows can be launched now, before this one is read: greedy (a
+        sampled round's q and coins come from the host), each row verifying its full k now and next round
+        (room for two rounds and the drafts after them), and the next round's longest row, however many
+        drafts this one accepts, still inside this graph's context bucket."""
+        k = self.k
+        return (len(rows) <= self.pipeline_rows and g.sampling is None
+                and all(r.num_draft == k and r.room >= 2 * k + 2 for r in rows)
+                and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
+
+    def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _Launch:
+        """The round after the one in flight: KV grown for its worst case (every draft accepted now), the
+        block tables copied; its tokens, drafts and KV lengths are what the round in flight left in the
+        graph's inputs."""
+        k, alloc = self.k, self.target.allocator
+        for r, length in zip(rows, lengths):
+            alloc.extend(r.request_id, length + 2 * k + 2)
+        g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], None)
+        if g.program is not None:
+            g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)],
+                           chained=True)
+        return self._replay(g, rows, None)
+
+    def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None) -> _Launch:
+        n = len(rows)
+        ids = tuple(r.request_id for r in rows)
+        if g.graph is None:
             with torch.inference_mode():
                 self._compute(g)
-        out = g.out[:n].tolist()  # the round's one host sync
-        self.rounds += 1
-        results = []
-        for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
-            a = row[k + 1]
-            alloc.truncate(r.request_id, length + a + 1)
-            if g.program is not None:
-                g.program.commit(r.request_id, length + a + 2)  # tokens committed
-            q = g.q_out[i] if g.q_out is not None and not r.params.greedy else None
-            results.append(RowResult(row[: a + 1], a, row[k + 2:], q))
-        return results
+            return _Launch(g, ids, lengths, g.out[:n].clone(), None)
+        g.graph.replay()
+        if not g.host_out:
+            g.host_out = [torch.empty(g.out.shape, dtype=g.out.dtype, pin_memory=True) for _ in range(2)]
+        out = g.host_out[g.launches % 2][:n]
+        g.launches += 1
+        out.copy_(g.out[:n], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return _Launch(g, ids, lengths, out, done)
 
     # ------------------------------------------------------------------ the graph
     def _compute(self, g: _RoundGraph) -> None:
@@ -237,6 +345,21 @@ class FusedRounds:
             g.out.copy_(out)
             if q is not None:
                 g.q_out.copy_(q)
+        self._chain(g, committed, accepted, parts[2] if g.program is not None else None)
+
+    def _chain(self, g: _RoundGraph, committed: torch.Tensor, accepted: torch.Tensor,
+               next_drafts: torch.Tensor | None) -> None:
+        """The next round's inputs, left in this graph's own input buffers (what a round launched ahead reads;
+        a round launched from the host overwrites them): t0 becomes this round's last committed token, the
+        drafts its next drafts, and each live row's KV length grows by the tokens committed. Padding rows
+        (KV length exactly k + 1) stay as they are."""
+        k, kv = self.k, g.attn.kv_lens                                          # [R]
+        live = (kv > k + 1)[:, None]                                           # [R, 1]
+        nxt = committed.gather(1, accepted[:, None])                           # [R, 1]
+        if next_drafts is not None:
+            nxt = torch.cat([nxt, next_drafts], dim=1)                         # [R, k + 1]
+        g.inputs[:, : k + 1].copy_(torch.where(live, nxt, g.inputs[:, : k + 1]))
+        kv.add_(torch.where(live[:, 0], accepted + 1, 0))
 
     def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:
         t = self.target

@@ -72,12 +72,14 @@ class BlockAllocator:
         seq.blocks.extend(self._free.pop() for _ in range(need))
         seq.length = new_length
 
-    def truncate(self, seq_id: str, new_length: int) -> None:
-        """Roll ``seq_id`` back to its first ``new_length`` tokens, freeing blocks past them."""
+    def truncate(self, seq_id: str, new_length: int, keep_blocks: bool = False) -> None:
+        """Roll ``seq_id`` back to its first ``new_length`` tokens, freeing blocks past them; with
+        ``keep_blocks`` the sequence keeps its blocks (a round already launched writes into them) and a
+        later ``truncate`` or ``free`` returns them."""
         seq = self._seqs[seq_id]
         if new_length > seq.length:
             raise ValueError(f"truncate({seq_id}): {new_length} > current length {seq.length}")
-        keep = self.blocks_for(new_length)
+        keep = max(self.blocks_for(new_length), len(seq.blocks) if keep_blocks else 0)
         self._free.extend(reversed(seq.blocks[keep:]))
         del seq.blocks[keep:]
         seq.length = new_length

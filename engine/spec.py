@@ -83,7 +83,7 @@ class SpecDecoder:
         if config.use_fused_rounds:
             def fused(k: int, d: Drafter | None) -> FusedRounds:
                 return FusedRounds(target, d, k, config.max_batch_size, self.max_context,
-                                   capture=target.device.type == "cuda")
+                                   capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows)
 
             if drafter is None or config.k == 0 or drafter.graph_rounds:
                 self.fused = fused(config.k if drafter is not None else 0, drafter if config.k else None)
@@ -277,6 +277,10 @@ class SpecDecoder:
                 fast.append((r, min(k, self.fused.k)))  # no drafter: plain, whatever k asks
             else:
                 slow.append((r, k, c))
+        # a round launched ahead for other rows than those about to run gives back the KV blocks it held
+        for f, group in ((self.fused, fast), (self.fused_plain, plain)):
+            if f is not None:
+                f.expect(() if slow else tuple(r.request_id for r, _ in group))
         eager = []
         for r, _, _ in slow:  # left the fast path (e.g. near the end of its context): its drafter state is stale
             self._pending.pop(r.request_id, None)
@@ -286,8 +290,11 @@ class SpecDecoder:
                 fast.append((r, len(it.drafts)))
             else:
                 eager.append(dataclasses.replace(it, prefill_chunk=c) if c is not None else it)
-        outputs = self._fused_round(fast, self.fused) if fast else []
-        outputs += self._fused_round(plain, self.fused_plain) if plain else []
+        # launch the next round before reading this one only while the same rows will come back: no request
+        # waits to join, none runs outside the fast path, and one fast path runs
+        ahead = not (self.waiting or eager or (fast and plain))
+        outputs = self._fused_round(fast, self.fused, ahead) if fast else []
+        outputs += self._fused_round(plain, self.fused_plain, ahead) if plain else []
         outputs += self.run_round(eager) if eager else []
         by_id = {o.request_id: o for o in outputs}
         return [by_id[r.request_id] for r in reqs if r.request_id in by_id]
@@ -333,15 +340,17 @@ class SpecDecoder:
                 and (r.params.greedy or item.probs is not None)
                 and f.fits(len(r.token_ids)) and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
-    def _fused_round(self, reqs: list[tuple[Request, int]], fused: FusedRounds) -> list[RequestOutput]:
-        """reqs: each request with the drafts it verifies (``draft_len``: the graph's k, fewer near its end)."""
+    def _fused_round(self, reqs: list[tuple[Request, int]], fused: FusedRounds, ahead: bool = False
+                     ) -> list[RequestOutput]:
+        """reqs: each request with the drafts it verifies (``draft_len``: the graph's k, fewer near its end);
+        ``ahead``: the same requests are expected back next round (``FusedRounds.run``)."""
         rows = []
         for r, num_draft in reqs:
             drafts, q = self._pending.get(r.request_id, ([], None))
-            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, num_draft, q, r.draws))
+            rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, num_draft, q, r.draws, r.room()))
             if not r.params.greedy:
                 r.draws += 1
-        results = fused.run(rows)
+        results = fused.run(rows, ahead)
         outputs = []
         for (r, _), row, res in zip(reqs, rows, results):
             drafted = row.num_draft
@@ -367,6 +376,9 @@ class SpecDecoder:
         only extend their KV and produce no output.
         """
         layers = self.feature_layers if feature_layers is None else tuple(feature_layers)
+        for f in (self.fused, self.fused_plain):  # a caller doing its own scheduling (the verifier service)
+            if f is not None:
+                f.expect(())
         reqs = []
         for it in items:
             r = self.requests.get(it.request_id)

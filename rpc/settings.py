@@ -53,6 +53,9 @@ class EngineSettings(ServerSettings):
     enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
     spec_max_batch: OptionalInt = Field(8, ge=0, description="fused rounds speculate only while at most this many "
                                                              "requests run (none: always)")
+    pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most this many requests "
+                                            "launch the next round before this one is read (0: never; none: 8 "
+                                            "where rounds are captured CUDA graphs)")
 
     @model_validator(mode="after")
     def _k_within_max(self):
@@ -68,7 +71,8 @@ class EngineSettings(ServerSettings):
                             kv_cache_tokens=self.kv_cache_tokens, max_batch_size=self.max_batch_size,
                             max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m,
                             max_round_tokens=self.max_round_tokens,
-                            cuda_graphs=False if self.enforce_eager else None, spec_max_batch=self.spec_max_batch)
+                            cuda_graphs=False if self.enforce_eager else None, spec_max_batch=self.spec_max_batch,
+                            pipeline_max_batch=self.pipeline_max_batch)
 
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:

@@ -27,6 +27,8 @@
 # I (an EAGLE head's first drafts in its own graphs): the GPU graph tests, the first-rounds profile (prefill,
 #    then the first drafts, 64- and 256-token prompts), then tandem bench at batch 1 and 4 (HumanEval, greedy,
 #    32 prompts) after a warm-up pass; with BASE=DIR the profile and the bench only, in that tree.
+# J (fused rounds launched ahead): the GPU graph tests, then tandem bench at batch 1 and 4 (HumanEval, greedy, 32
+#    prompts) after a warm-up pass, and the same with --pipeline-max-batch 0 (every round read before the next).
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -49,7 +51,13 @@ warm_bench() {  # warm-up seconds, warm-up prompts, seconds ($MAIN_S overrides),
   echo "warm-up pass done at $SECONDS s"
   bench "${MAIN_S:-$3}" "$4" "${@:6}" --num-prompts "$5"
 }
-if [ "${PART:-A}" = I ]; then
+if [ "${PART:-A}" = J ]; then
+  tests_or_base 240 tests/gpu/test_gpu_graphs.py
+  warm_bench 100 16 150 "$name-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0 --dataset humaneval \
+    --batch-sizes 1,4
+  bench 150 "$name-unpipelined-bs1-4" --drafts none,auto --baselines none --temperatures 0 --dataset humaneval \
+    --num-prompts 32 --batch-sizes 1,4 --pipeline-max-batch 0
+elif [ "${PART:-A}" = I ]; then
   tests_or_base 200 tests/gpu/test_gpu_graphs.py
   timeout 100 python3 -m bench.step_profile --prefill 64,256 --round auto --iters 10 --top 12 \
     --out "$OUT/first-rounds.json" 2>&1 | grep -E "^prefill"

@@ -68,19 +68,21 @@ class StaticAttention:
                              f"({self.rows} rows, q_len {self.q_len}, {self.max_tokens} tokens)")
         self.set_rows(meta.block_tables, meta.kv_lens)
 
-    def set_rows(self, tables: Sequence[Sequence[int]], kv_lens: Sequence[int]) -> None:
+    def set_rows(self, tables: Sequence[Sequence[int]], kv_lens: Sequence[int] | None) -> None:
         """Block tables (whole: a table may reach past its row's length, for later steps of the same
-        graph) and KV lengths (after the forward) of the first len(kv_lens) rows; the rest are padding:
-        they hold exactly their own q_len tokens, all in the scratch block."""
-        n = len(kv_lens)
+        graph) and KV lengths (after the forward) of the first len(tables) rows; the rest are padding:
+        they hold exactly their own q_len tokens, all in the scratch block. ``kv_lens`` None: the tables
+        only (the lengths already lie on the device, chained from the round before)."""
+        n = len(tables)
         if n > self.rows or any(len(t) > self.max_blocks for t in tables):
             raise ValueError(f"static attention: {n} rows, longest table {max(map(len, tables), default=0)} blocks "
                              f"do not fit the bucket ({self.rows} rows, {self.max_blocks} blocks)")
         pad = [self.scratch_block] * self.max_blocks
         table = [list(t) + pad[len(t):] for t in tables] + [pad] * (self.rows - n)
         self.block_table.copy_(torch.tensor(table, dtype=torch.long), non_blocking=True)
-        self.kv_lens.copy_(torch.tensor(list(kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
-                           non_blocking=True)
+        if kv_lens is not None:
+            self.kv_lens.copy_(torch.tensor(list(kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
+                               non_blocking=True)
 
     def prepare(self) -> None:
         """Inside the graph, from the buffers, once per forward: the torch path's slots (where the new

@@ -25,11 +25,14 @@ front (on a GPU; returns how many, 0 for a drafter with no graphs or where nothi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
 from engine.config import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.kv_cache import BlockAllocator
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,18 @@ class DraftProposal:
 class DraftProgram(Protocol):
     """A drafter's part of a fused round for one bucket of ``rows`` rows and k drafts per row."""
 
-    def load(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
+    allocator: BlockAllocator  # the drafter's KV blocks
+
+    def load(self, rows: Sequence[tuple[str, int, SamplingParams]], chained: bool = False) -> None:
         """Host, before the replay: rows of (request id, L = committed tokens before the last one, params);
         make room in the drafter's own KV for the round and fill its buffers (a sampled row's noise, from
-        its own stream); further rows are padding."""
+        its own stream); further rows are padding. ``chained``: a greedy round launched before the round in
+        flight was read, L the largest it can be: make room and set block tables only (every length the
+        round needs is derived on the device from the round before)."""
+
+    def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
+        """Host: the drafter's KV lengths a round of these rows writes (``load`` does this too; a round launched
+        ahead, read later, needs it again once the round before has been committed)."""
 
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
               kv_lens: torch.Tensor, sampling=None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -64,8 +75,9 @@ class DraftProgram(Protocol):
         L .. L+k); kv_lens: [R] L + k + 1; sampling: the round's ``RoundSampling`` (None: all greedy)
         -> the next round's drafts [R, k] int64 and, in sampling rounds, their q [R, k, V] float32."""
 
-    def commit(self, request_id: str, length: int) -> None:
-        """Host, after the round: the request now has ``length`` committed tokens; forget past them."""
+    def commit(self, request_id: str, length: int, keep_blocks: bool = False) -> None:
+        """Host, after the round: the request now has ``length`` committed tokens; forget past them
+        (``keep_blocks``: but keep the KV blocks, which a round launched ahead writes into)."""
 
 
 class Drafter(Protocol):

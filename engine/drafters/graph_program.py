@@ -71,13 +71,16 @@ class GraphDraftProgram:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ host side
-    def load(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
+    def load(self, rows: Sequence[tuple[str, int, SamplingParams]], chained: bool = False) -> None:
+        """Before a replay: each row's (request id, L, params). ``chained``: a greedy round launched before the
+        one in flight was read, L the largest it can be; only the KV and block tables are set (the lengths
+        are derived on the device)."""
         alloc, k, first = self.allocator, self.k, self.first_position
-        for rid, length, _ in rows:  # room for the catch-up (to L + k + 1) and the draft steps (to L + 2k)
-            if alloc.length(rid) < length + 2 * k + 1 - first:
-                alloc.extend(rid, length + 2 * k + 1 - first)
+        self.grow(rows)
         self.catch.set_rows([alloc.block_table(rid) for rid, _, _ in rows],
-                            [length + k + 2 - first for _, length, _ in rows])
+                            None if chained else [length + k + 2 - first for _, length, _ in rows])
+        if chained:
+            return
         if self.noise is not None and any(not params.greedy for _, _, params in rows):
             pad = [0] * (self.rows - len(rows))
             self.draws.copy_(torch.tensor([[params.seed for _, _, params in rows] + pad,
@@ -88,9 +91,17 @@ class GraphDraftProgram:
                        exponential=True)
             self.sampler.end_round((rid, params) for rid, _, params in rows)
 
-    def commit(self, request_id: str, committed: int) -> None:
-        """After the round: keep the entries of the ``committed`` tokens (positions 0 .. committed - 1)."""
-        self.allocator.truncate(request_id, committed - self.first_position)
+    def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
+        """Room in the head's KV for a round of these rows: the catch-up (to L + k + 1), the draft steps (to L + 2k)."""
+        need = 2 * self.k + 1 - self.first_position
+        for rid, length, _ in rows:
+            if self.allocator.length(rid) < length + need:
+                self.allocator.extend(rid, length + need)
+
+    def commit(self, request_id: str, committed: int, keep_blocks: bool = False) -> None:
+        """After the round: keep the entries of the ``committed`` tokens (positions 0 .. committed - 1);
+        ``keep_blocks``: and every block (a round launched ahead writes into them)."""
+        self.allocator.truncate(request_id, committed - self.first_position, keep_blocks)
 
     # ------------------------------------------------------------------ in the graph
     def _pick(self, logits: torch.Tensor, j: int, s: "RoundSampling | None"

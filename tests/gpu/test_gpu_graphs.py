@@ -81,6 +81,26 @@ def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
         assert abs(sum(o.accepted for o in got) - sum(o.accepted for o in eager)) <= 2
 
 
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
+    """With graphs the next fused round is launched before the host reads this one (``pipeline_max_batch``, 8 by
+    default), its inputs chained on the GPU, its output copied to pinned memory. Rows leave at different rounds
+    (max_tokens, EOS), rounds launched ahead are used and dropped, then one request runs alone: greedy output
+    equals plain decoding, and pipelining off decodes the same."""
+    params = [SamplingParams(max_tokens=16 + 9 * i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
+    plain = _decoder(f32, "none", 0, False).generate(prompts, params)
+    dec = _decoder(f32, draft, k, True, fused=True)
+    assert dec.fused.pipeline_rows == 8
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    alone = dec.generate(prompts[1:2], params[-1])
+    assert alone[0].new_token_ids == _decoder(f32, "none", 0, False).generate(prompts[1:2], params[-1])[0].new_token_ids
+    assert dec.fused.rounds_ahead > dec.fused.rounds // 3
+    off = make_decoder(f32, draft, k=k, device="cuda", dtype="float32", attention="torch", pipeline_max_batch=0)
+    assert [o.new_token_ids for o in off.generate(prompts, params)] == [o.new_token_ids for o in plain]
+    assert off.fused.rounds_ahead == 0
+
+
 def test_captured_prompt_buckets_take_a_round_of_new_prompts_without_a_capture(f32, prompts):
     """SpecDecoder.capture_prefills builds the prefill graph of every whole-prompt length up front; a round of
     several new prompts then runs each through its graph (engine/runner.py) and captures nothing, and greedy

@@ -1,0 +1,100 @@
+"""Fused rounds launched ahead (engine/fused_round.py, ``pipeline_max_batch``), here run eagerly on the CPU.
+
+While the same requests keep running, the next round is launched before this one is read, its inputs
+(last committed token, next drafts, KV lengths) chained on the device. The output must stay exactly the
+eager engine's, round for round, whether the round launched ahead is used or dropped: rows that finish
+(EOS, max_tokens), arrive, are aborted, or near their end stop taking rounds ahead; and no KV block it
+held outlives it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import SamplingParams
+from engine.graphs import PAD_SEQ
+from tests.conftest import make_decoder
+
+TEXTS = ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.")
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm):
+    return [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
+
+
+def _pipelined(smollm, draft, k, **kw):
+    dec = make_decoder(smollm, draft, k=k, cuda_graphs=True, fused_rounds=True, pipeline_max_batch=8, **kw)
+    assert dec.fused is not None and dec.fused.pipeline_rows == 8
+    return dec
+
+
+def _allocators(dec):
+    return [dec.target.allocator] + ([dec.drafter.runner.allocator] if dec.drafter is not None else [])
+
+
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+def test_rounds_launched_ahead_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
+    # rows leave at different rounds: near its end a row stops taking rounds ahead
+    params = [SamplingParams(max_tokens=n + 3 * k, ignore_eos=True) for n in (12, 20, 16)]
+    want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
+    dec = _pipelined(smollm, draft, k)
+    free = [a.free_blocks for a in _allocators(dec)]
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
+    f = dec.fused
+    assert f.rounds_ahead > f.rounds // 3  # many rounds had been launched ahead
+    dec.fused.expect(())
+    assert [a.free_blocks for a in _allocators(dec)] == free  # nothing held past the requests
+    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
+
+
+def test_arrivals_and_an_abort_drop_the_round_launched_ahead(smollm, prompts):
+    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=7)
+    want = make_decoder(smollm, "auto", k=4, cuda_graphs=False).generate(prompts[:2] + prompts[:1],
+                                                                        [greedy, greedy, sampled])
+    dec = _pipelined(smollm, "auto", 4)
+    free = [a.free_blocks for a in _allocators(dec)]
+    first = dec.add_request(prompts[0], greedy)
+    tokens = {first: []}
+    doomed = None
+    for step in range(60):
+        if step == 4:  # a greedy and a sampled request arrive while the first runs rounds ahead
+            assert dec.fused._ahead is not None and dec.fused.rounds_ahead >= 1
+            tokens[dec.add_request(prompts[1], greedy)] = []
+            tokens[dec.add_request(prompts[0], sampled)] = []
+        if step == 12:  # a fourth comes and is aborted two rounds later
+            doomed = dec.add_request(prompts[2], greedy)
+        if step == 14:
+            assert dec.abort(doomed)
+        for o in dec.step():
+            if o.request_id != doomed:
+                tokens[o.request_id] += o.new_token_ids
+        if not dec.has_unfinished():
+            break
+    assert list(tokens.values()) == [o.new_token_ids for o in want]
+    assert dec.fused.dropped >= 1
+    dec.fused.expect(())
+    assert [a.free_blocks for a in _allocators(dec)] == free
+
+
+def test_blocks_a_round_launched_ahead_holds_stay_until_it_is_read_or_dropped(smollm, prompts):
+    dec = _pipelined(smollm, "auto", 4)
+    rid = dec.add_request(prompts[2], SamplingParams(max_tokens=64, ignore_eos=True))
+    target = dec.target.allocator
+    for _ in range(40):  # until the round in flight holds a block past the committed length
+        dec.step()
+        length = target.length(rid)
+        if dec.fused._ahead is not None and len(target.block_table(rid)) > target.blocks_for(length):
+            break
+    # it may commit every draft: its blocks cover what it writes
+    assert len(target.block_table(rid)) > target.blocks_for(length)
+    assert len(target.block_table(rid)) * target.block_size >= length + 4 + 1
+    dec.fused.expect(())  # e.g. the request is about to run elsewhere
+    assert len(target.block_table(rid)) == target.blocks_for(length) and dec.fused._ahead is None
+    for _ in range(3):  # and it goes on
+        dec.step()
+    assert target.length(rid) > length
+    assert dec.abort(rid) and rid not in target
