@@ -14,12 +14,13 @@ import json
 import torch
 
 
-def probe(rows: int, q_len: int, context: int, iters: int) -> dict:
+def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | None = None) -> dict:
     import kernels.static_attention as sa
 
     hq, hkv, d, bs = 9, 3, 64, 16
     blocks_per_row = -(-(context + q_len) // bs) + 1
     splits, _ = sa.split_plan(rows, hkv, blocks_per_row * bs)
+    splits = force_splits or splits
     dev, dt = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
     nb = rows * blocks_per_row + 1
@@ -77,6 +78,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=50, help="graph replays timed (30 launches each)")
     p.add_argument("--split-chunk", type=int,
                    help="splits the in-launch merge loads at a time (a power of two; the kernel of commit ba21b71)")
+    p.add_argument("--splits", default="plan",
+                   help="split counts to time per case, comma separated: plan (split_plan's) or a number")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()
     if args.split_chunk:
@@ -86,8 +89,9 @@ def main() -> None:
     rows = []
     for case in args.cases.split(","):
         r, q, c = (int(x) for x in case.split("x"))
-        rows.append(probe(r, q, c, args.iters))
-        print(json.dumps(rows[-1]))
+        for splits in args.splits.split(","):
+            rows.append(probe(r, q, c, args.iters, None if splits == "plan" else int(splits)))
+            print(json.dumps(rows[-1]))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
