@@ -8,8 +8,9 @@ the tokenizer metadata copied from the real SmolLM2 GGUF and, for llama3 scaling
 tensor computed the way the converter computes it. The transformers reference for a GGUF holds the
 quantization round trip of the original weights, un-permuted by the test itself.
 
-The GGUF writer lives in tests/engine/gguf_writer.py. Parsing the SmolLM2 tokenizer metadata costs ~4 s per GGUF file (the gguf reader walks 100k strings
-one by one), so there are three GGUF files, each one model variant (llama untied + rope_freqs, qwen2
+The GGUF writer lives in tests/engine/gguf_writer.py. The files are read by Tandem's own parser
+(engine/models/weights/gguf_file.py); writing them copies SmolLM2's tokenizer metadata (100k strings),
+so there are three GGUF files, each one model variant (llama untied + rope_freqs, qwen2
 with biases, mistral tied) with its tensors in two types, as llama.cpp mixes types within a file.
 """
 
@@ -161,10 +162,11 @@ def hf_tokenizer(smollm_gguf, tmp_path_factory):
 def tokenizer_kv(smollm_gguf) -> list:
     """The SmolLM2 GGUF's tokenizer metadata as (key, value, gguf types)."""
     f = gguf_loader.open_gguf(smollm_gguf)
+    types = gguf.GGUFReader(str(smollm_gguf)).fields  # the value types the writer needs, from gguf's own reader
     keys = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
             "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
             "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"]
-    out = [(k, f.metadata[k], list(f.reader.fields[k].types)) for k in keys]
+    out = [(k, f.metadata[k], list(types[k].types)) for k in keys]
     assert len(f.metadata["tokenizer.ggml.tokens"]) == VOCAB
     return out
 
@@ -346,6 +348,24 @@ def test_gguf_unsupported_architecture(tmp_path):
     w.close()
     with pytest.raises(ValueError, match="falcon"):
         load_model(path, progress=False)
+
+
+def test_the_gguf_parser_reads_what_the_gguf_packages_reader_reads(smollm_gguf, tmp_path):
+    """engine/models/weights/gguf_file.py against gguf.GGUFReader on the real SmolLM2 file: every metadata value
+    (with its Python type) and every tensor (name, type, shape, the raw data dequantization starts from)."""
+    ours = gguf_loader.open_gguf(smollm_gguf)
+    ref = gguf.GGUFReader(str(smollm_gguf))
+    want = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    assert ours.metadata.keys() == want.keys()
+    assert all(ours.metadata[k] == v and type(ours.metadata[k]) is type(v) for k, v in want.items())
+    assert [(t.name, t.tensor_type, list(t.shape)) for t in ours.reader.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape)) for t in ref.tensors]
+    for a, b in zip(ours.reader.tensors, ref.tensors):
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape and np.array_equal(a.data, b.data)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm_gguf.read_bytes()[:100_000])  # inside the tokenizer's strings
+    with pytest.raises(ValueError, match="cut.gguf: not a readable GGUF file"):
+        gguf_loader.open_gguf(cut)
 
 
 def test_gguf_missing_and_unexpected_weights(tmp_path):

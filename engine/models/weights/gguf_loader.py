@@ -1,6 +1,7 @@
 """Read a Llama-family GGUF file: architecture metadata, dequantized weights, tokenizer metadata.
 
-Tensors are dequantized with the ``gguf`` package (F32, F16, BF16, Q8_0, Q4_0, Q4_1, K-quants
+The container is parsed by ``gguf_file`` (fast: the tokenizer's 100k strings); tensors are dequantized
+with the ``gguf`` package (F32, F16, BF16, Q8_0, Q4_0, Q4_1, K-quants
 and whatever else it supports) and renamed to Hugging Face names, so the model sees one
 naming scheme whatever the file format. llama.cpp stores the q/k projections of the
 ``llama`` architecture permuted for its interleaved rotary layout; they are permuted back.
@@ -9,6 +10,7 @@ naming scheme whatever the file format. llama.cpp stores the q/k projections of 
 from __future__ import annotations
 
 import re
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,19 +67,14 @@ class GGUFFile:
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    import gguf
+    from engine.models.weights.gguf_file import GGUFContents
 
     path = Path(path)
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises plain ValueErrors on bad magic etc.
+        reader = GGUFContents(path)
+    except (ValueError, struct.error, IndexError) as exc:  # bad magic, a cut-off file, bad UTF-8
         raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
-    metadata: dict[str, Any] = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        metadata[key] = fld.contents()
-    f = GGUFFile(path=path, metadata=metadata, reader=reader)
+    f = GGUFFile(path=path, metadata=reader.fields, reader=reader)
     if f.arch not in SUPPORTED_ARCHS:
         raise ValueError(f"{path}: architecture {f.arch!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_ARCHS)})")
