@@ -116,21 +116,23 @@ class RoundSampling:
         self.greedy = self.params[:, 0] > 0.5
         self.temperature, self.top_k, self.top_p = self.params[:, 1], self.params[:, 2].long(), self.params[:, 3]
 
-    def load(self, rows: Sequence["FusedRow"]) -> None:
+    def load(self, rows: Sequence["FusedRow"], chained: bool = False) -> None:
         """Parameters, coins (every row's at its seed and draw, as ``SpecDecoder._coins`` draws them; a
         greedy or padding row's are drawn and unused) and the pending drafts' q; rows past the batch become
-        greedy padding."""
+        greedy padding. ``chained``: the round after the one in flight (its draw numbers one further; the
+        parameters stay, and the q of its drafts is what the round in flight leaves in ``q_in``)."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
-        table = [[1.0, 1.0, 0.0, 1.0] if r.params.greedy else
-                 [0.0, r.params.temperature, float(r.params.top_k), r.params.top_p] for r in rows]
-        self.params.copy_(torch.tensor(table + [[1.0, 1.0, 0.0, 1.0]] * pad), non_blocking=True)
+        if not chained:
+            table = [[1.0, 1.0, 0.0, 1.0] if r.params.greedy else
+                     [0.0, r.params.temperature, float(r.params.top_k), r.params.top_p] for r in rows]
+            self.params.copy_(torch.tensor(table + [[1.0, 1.0, 0.0, 1.0]] * pad), non_blocking=True)
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
-                                       [r.draw for r in rows] + [0] * pad]), non_blocking=True)
+                                       [r.draw + chained for r in rows] + [0] * pad]), non_blocking=True)
         if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread
             seeds, counters = self.draws[:, :n]
             coins.fill(self.uniforms[:n], seeds, counters, coins.Stream.ACCEPT)
             coins.fill(self.noise[:n], seeds, counters, coins.Stream.RECOVER, exponential=True)
-        if self.q_in is not None:  # one gather straight into the buffer
+        if self.q_in is not None and not chained:  # one gather straight into the buffer
             torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])
 
 
@@ -157,6 +159,7 @@ class _Launch:
     lengths: list[int] | None
     out: torch.Tensor                  # [n, 2k+2] on the host (a pinned slot) or the graph's own buffer (eager)
     done: "torch.cuda.Event | None"
+    sampled: tuple[str, ...] = ()      # its sampled rows (a dropped round gives back their drafter draws)
 
     def read(self) -> list[list[int]]:
         """The round's one host sync."""
@@ -217,7 +220,10 @@ class FusedRounds:
             if g.program is not None:
                 g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
         chained = ahead and self._chains(g, rows, lengths)
+        q_out = g.q_out
         if chained:
+            if q_out is not None:  # the next drafts' q, before the round launched next overwrites it
+                q_out = q_out[:n].clone()
             self._ahead = self._launch_chained(g, rows, lengths)
         out = launch.read()
         self.rounds += 1
@@ -228,7 +234,7 @@ class FusedRounds:
             alloc.truncate(r.request_id, length + a + 1, keep_blocks=chained)
             if g.program is not None:
                 g.program.commit(r.request_id, length + a + 2, keep_blocks=chained)  # tokens committed
-            q = g.q_out[i] if g.q_out is not None and not r.params.greedy else None
+            q = q_out[i] if q_out is not None and not r.params.greedy else None
             results.append(RowResult(row[: a + 1], a, row[k + 2:], q))
         if chained:  # the L each row will have once this round's tokens are committed
             self._ahead.lengths = [length + row[k + 1] + 1 for length, row in zip(lengths, out)]
@@ -244,6 +250,8 @@ class FusedRounds:
 
     def _drop(self, launch: _Launch) -> None:
         self.dropped += 1
+        if launch.sampled and launch.g.program is not None:
+            launch.g.program.rewind(launch.sampled)
         for alloc in {self.target.allocator} | ({launch.g.program.allocator} if launch.g.program else set()):
             for rid in launch.rows:
                 if rid in alloc:
@@ -276,12 +284,11 @@ class FusedRounds:
         return self._replay(g, rows, list(lengths))
 
     def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
-        """Whether the next round of these rows can be launched now, before this one is read: greedy (a
-        sampled round's q and coins come from the host), each row verifying its full k now and next round
-        (room for two rounds and the drafts after them), and the next round's longest row, however many
-        drafts this one accepts, still inside this graph's context bucket."""
+        """Whether the next round of these rows can be launched now, before this one is read: each row
+        verifying its full k now and next round (room for two rounds and the drafts after them), and the next
+        round's longest row, however many drafts this one accepts, still inside this graph's context bucket."""
         k = self.k
-        return (len(rows) <= self.pipeline_rows and g.sampling is None
+        return (len(rows) <= self.pipeline_rows
                 and all(r.num_draft == k and r.room >= 2 * k + 2 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
@@ -293,10 +300,14 @@ class FusedRounds:
         for r, length in zip(rows, lengths):
             alloc.extend(r.request_id, length + 2 * k + 2)
         g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], None)
+        if g.sampling is not None:
+            g.sampling.load(rows, chained=True)
         if g.program is not None:
             g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)],
                            chained=True)
-        return self._replay(g, rows, None)
+        launch = self._replay(g, rows, None)
+        launch.sampled = tuple(r.request_id for r in rows if not r.params.greedy)
+        return launch
 
     def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None) -> _Launch:
         n = len(rows)
@@ -345,20 +356,22 @@ class FusedRounds:
             g.out.copy_(out)
             if q is not None:
                 g.q_out.copy_(q)
-        self._chain(g, committed, accepted, parts[2] if g.program is not None else None)
+        self._chain(g, committed, accepted, parts[2] if g.program is not None else None, q)
 
     def _chain(self, g: _RoundGraph, committed: torch.Tensor, accepted: torch.Tensor,
-               next_drafts: torch.Tensor | None) -> None:
+               next_drafts: torch.Tensor | None, q: torch.Tensor | None) -> None:
         """The next round's inputs, left in this graph's own input buffers (what a round launched ahead reads;
         a round launched from the host overwrites them): t0 becomes this round's last committed token, the
-        drafts its next drafts, and each live row's KV length grows by the tokens committed. Padding rows
-        (KV length exactly k + 1) stay as they are."""
+        drafts its next drafts (and, in sampling rounds, their q), and each live row's KV length grows by the
+        tokens committed. Padding rows (KV length exactly k + 1) stay as they are."""
         k, kv = self.k, g.attn.kv_lens                                          # [R]
         live = (kv > k + 1)[:, None]                                           # [R, 1]
         nxt = committed.gather(1, accepted[:, None])                           # [R, 1]
         if next_drafts is not None:
             nxt = torch.cat([nxt, next_drafts], dim=1)                         # [R, k + 1]
         g.inputs[:, : k + 1].copy_(torch.where(live, nxt, g.inputs[:, : k + 1]))
+        if q is not None:                                                      # [R, k, V]
+            g.sampling.q_in.copy_(torch.where(live[:, :, None], q, g.sampling.q_in))
         kv.add_(torch.where(live[:, 0], accepted + 1, 0))
 
     def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:

@@ -29,6 +29,7 @@
 #    32 prompts) after a warm-up pass; with BASE=DIR the profile and the bench only, in that tree.
 # J (fused rounds launched ahead): the GPU graph tests, then tandem bench at batch 1 and 4 (HumanEval, greedy, 32
 #    prompts) after a warm-up pass, and the same with --pipeline-max-batch 0 (every round read before the next).
+# K (sampled rounds launched ahead too): the GPU graph and sampling tests, then J's two benches at temperature 0.7.
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -51,7 +52,13 @@ warm_bench() {  # warm-up seconds, warm-up prompts, seconds ($MAIN_S overrides),
   echo "warm-up pass done at $SECONDS s"
   bench "${MAIN_S:-$3}" "$4" "${@:6}" --num-prompts "$5"
 }
-if [ "${PART:-A}" = J ]; then
+if [ "${PART:-A}" = K ]; then
+  tests_or_base 300 tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py
+  warm_bench 100 16 150 "$name-sampled-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0.7 \
+    --dataset humaneval --batch-sizes 1,4
+  bench 150 "$name-sampled-unpipelined-bs1-4" --drafts none,auto --baselines none --temperatures 0.7 \
+    --dataset humaneval --num-prompts 32 --batch-sizes 1,4 --pipeline-max-batch 0
+elif [ "${PART:-A}" = J ]; then
   tests_or_base 240 tests/gpu/test_gpu_graphs.py
   warm_bench 100 16 150 "$name-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0 --dataset humaneval \
     --batch-sizes 1,4

@@ -60,9 +60,13 @@ class DraftProgram(Protocol):
     def load(self, rows: Sequence[tuple[str, int, SamplingParams]], chained: bool = False) -> None:
         """Host, before the replay: rows of (request id, L = committed tokens before the last one, params);
         make room in the drafter's own KV for the round and fill its buffers (a sampled row's noise, from
-        its own stream); further rows are padding. ``chained``: a greedy round launched before the round in
-        flight was read, L the largest it can be: make room and set block tables only (every length the
-        round needs is derived on the device from the round before)."""
+        its own stream); further rows are padding. ``chained``: a round launched before the round in flight
+        was read, L the largest it can be: every length it needs is derived on the device from the round
+        before; the rest as for any round."""
+
+    def rewind(self, request_ids: Sequence[str]) -> None:
+        """Host: a round loaded for these sampled requests was dropped unread; their next round draws its
+        noise at the draw number that one took."""
 
     def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
         """Host: the drafter's KV lengths a round of these rows writes (``load`` does this too; a round launched

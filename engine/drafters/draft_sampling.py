@@ -51,6 +51,11 @@ class DraftSampler:
             return torch.nn.functional.pad(logits, (0, self.target_vocab - v), value=float("-inf"))
         return logits
 
+    def rewind(self, request_ids: Iterable[str]) -> None:
+        """Undo one ``end_round`` of these sampled requests (a round drafted for them was dropped unread)."""
+        for rid in request_ids:
+            self._draws[rid] = self.draw_number(rid) - 1
+
     def pick(self, logits: torch.Tensor, reqs: Sequence[DraftRequest], step: int
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits: [N, V] one row per request, at draft step ``step`` of the round -> tokens [N], q [N, V]

@@ -72,15 +72,13 @@ class GraphDraftProgram:
 
     # ------------------------------------------------------------------ host side
     def load(self, rows: Sequence[tuple[str, int, SamplingParams]], chained: bool = False) -> None:
-        """Before a replay: each row's (request id, L, params). ``chained``: a greedy round launched before the
-        one in flight was read, L the largest it can be; only the KV and block tables are set (the lengths
-        are derived on the device)."""
+        """Before a replay: each row's (request id, L, params). ``chained``: a round launched before the one in
+        flight was read, L the largest it can be; the KV lengths are derived on the device, and a sampled row
+        draws its noise at its next draw number, as it would."""
         alloc, k, first = self.allocator, self.k, self.first_position
         self.grow(rows)
         self.catch.set_rows([alloc.block_table(rid) for rid, _, _ in rows],
                             None if chained else [length + k + 2 - first for _, length, _ in rows])
-        if chained:
-            return
         if self.noise is not None and any(not params.greedy for _, _, params in rows):
             pad = [0] * (self.rows - len(rows))
             self.draws.copy_(torch.tensor([[params.seed for _, _, params in rows] + pad,
@@ -90,6 +88,11 @@ class GraphDraftProgram:
             coins.fill(self.noise.view(self.rows, -1)[:n], self.draws[0, :n], self.draws[1, :n], coins.Stream.DRAFT,
                        exponential=True)
             self.sampler.end_round((rid, params) for rid, _, params in rows)
+
+    def rewind(self, request_ids: Sequence[str]) -> None:
+        """A round loaded for these sampled requests was dropped unread: their next round draws its noise at the
+        draw number that one took."""
+        self.sampler.rewind(request_ids)
 
     def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
         """Room in the head's KV for a round of these rows: the catch-up (to L + k + 1), the draft steps (to L + 2k)."""

@@ -1,8 +1,9 @@
 """Fused rounds launched ahead (engine/fused_round.py, ``pipeline_max_batch``), here run eagerly on the CPU.
 
 While the same requests keep running, the next round is launched before this one is read, its inputs
-(last committed token, next drafts, KV lengths) chained on the device. The output must stay exactly the
-eager engine's, round for round, whether the round launched ahead is used or dropped: rows that finish
+(last committed token, next drafts and their q, KV lengths) chained on the device, the coins and drafter
+noise of the next draw number drawn. The output must stay exactly the eager engine's, round for round,
+greedy and seeded sampled, whether the round launched ahead is used or dropped: rows that finish
 (EOS, max_tokens), arrive, are aborted, or near their end stop taking rounds ahead; and no KV block it
 held outlives it.
 """
@@ -52,7 +53,7 @@ def test_rounds_launched_ahead_decode_what_the_eager_engine_decodes(smollm, prom
 
 def test_arrivals_and_an_abort_drop_the_round_launched_ahead(smollm, prompts):
     greedy = SamplingParams(max_tokens=24, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=7)
+    sampled = SamplingParams(max_tokens=28, ignore_eos=True, temperature=0.8, seed=7)
     want = make_decoder(smollm, "auto", k=4, cuda_graphs=False).generate(prompts[:2] + prompts[:1],
                                                                         [greedy, greedy, sampled])
     dec = _pipelined(smollm, "auto", 4)
@@ -78,6 +79,20 @@ def test_arrivals_and_an_abort_drop_the_round_launched_ahead(smollm, prompts):
     assert dec.fused.dropped >= 1
     dec.fused.expect(())
     assert [a.free_blocks for a in _allocators(dec)] == free
+
+
+def test_sampled_rounds_launched_ahead_decode_what_the_eager_engine_decodes(smollm, prompts):
+    """Seeded sampled rows (temperature alone; top-k and top-p) beside a greedy one: a round launched ahead draws
+    the coins and drafter noise of the next draw number and verifies the q the round before left on the device."""
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=11),
+              SamplingParams(max_tokens=30, ignore_eos=True),
+              SamplingParams(max_tokens=27, ignore_eos=True, temperature=1.1, seed=5, top_k=40, top_p=0.9)]
+    want = make_decoder(smollm, "auto", k=4, cuda_graphs=False).generate(prompts, params)
+    dec = _pipelined(smollm, "auto", 4)
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
+    assert dec.fused.rounds_ahead > dec.fused.rounds // 3
 
 
 def test_blocks_a_round_launched_ahead_holds_stay_until_it_is_read_or_dropped(smollm, prompts):
