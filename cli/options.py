@@ -39,10 +39,11 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
                    help="rounds step by step (a graph per forward, the drafter eager) instead of one graph per round: "
                         "verify, accept (greedy or rejection sampling) and the next drafts (default: fused wherever "
                         "graphs are on and the drafter can draft in a graph: none, the EAGLE head, a draft LM, layer-skip)")
-    g.add_argument("--spec-max-batch", type=_limit, default=8, metavar="N|none",
+    g.add_argument("--spec-max-batch", type=_limit, default=3, metavar="N|none",
                    help="fused rounds speculate only while at most N requests run: a request that runs while more "
                         "do decodes plainly to its end (a verify of k + 1 tokens per row costs more there than the "
-                        "drafts save; default 8; none: always speculate)")
+                        "drafts save: on an H100 with SmolLM2 speculation beats plain decoding at 1-3 requests and "
+                        "not from 4 on, greedy or sampled, bench/RESULTS.md; default 3; none: always speculate)")
     g.add_argument("--pipeline-max-batch", type=int, metavar="N",
                    help="while at most N requests run a fused round, launch the next round before reading this one "
                         "(its inputs chained on the GPU), so the host's work on a round overlaps the GPU's next one; "
@@ -82,7 +83,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         k=args.k, max_k=max(8, min(args.k, 32)), max_round_tokens=args.max_round_tokens,
                         cuda_graphs=False if getattr(args, "enforce_eager", False) else None,
                         fused_rounds=False if getattr(args, "no_fused_rounds", False) else None,
-                        spec_max_batch=getattr(args, "spec_max_batch", 8),
+                        spec_max_batch=getattr(args, "spec_max_batch", 3),
                         pipeline_max_batch=getattr(args, "pipeline_max_batch", None))
 
 

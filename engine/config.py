@@ -113,7 +113,7 @@ class EngineConfig:
     fused_rounds: bool | None = None  # rounds as one graph each (engine/fused_round.py); None: with cuda_graphs
     # fused rounds speculate only while at most this many requests run: a request running while more do decodes
     # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
-    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 8
+    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 3
     # while at most this many requests run a fused round, the next round is launched before this one is read, its
     # inputs chained on the device (engine/fused_round.py: the host's work overlaps the GPU's); 0: never; None: 8
     # where rounds are captured (cuda), 0 where they run eagerly

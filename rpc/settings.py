@@ -51,7 +51,7 @@ class EngineSettings(ServerSettings):
     max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward (chunked "
                                                                    "prefill); none: no budget")
     enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
-    spec_max_batch: OptionalInt = Field(8, ge=0, description="fused rounds speculate only while at most this many "
+    spec_max_batch: OptionalInt = Field(3, ge=0, description="fused rounds speculate only while at most this many "
                                                              "requests run (none: always)")
     pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most this many requests "
                                             "launch the next round before this one is read (0: never; none: 8 "

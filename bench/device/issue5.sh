@@ -5,7 +5,7 @@
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=B bash bench/device/issue5.sh
 # A: the GPU tests (kernels, graphs, sampling in fused rounds), a step and a fused-round profile, and
 #    tandem bench at batch 1 and 4 (16 prompts per dataset); B: tandem bench at batch 16 and 64 (64 prompts),
-#    speculation forced on at those sizes (--spec-max-batch none, why the default stops at 8), the
+#    speculation forced on at those sizes (--spec-max-batch none, why the default stops at 3), the
 #    transformers baselines at batch 1, and a Poisson arrival load with and without a round token budget.
 # C (the summary run): the fused-round GPU tests, then tandem bench over batch 1, 4, 16 and 64 twice, a short
 #    pass first so every kernel specialization and graph bucket has been compiled once on the machine, then
