@@ -140,6 +140,19 @@ def test_colocated_step_runs_fused_rounds(smollm):
     assert decoder.fused.rounds >= 8  # a and c: 24 tokens each in rounds of up to 5
 
 
+def test_colocated_step_picks_up_the_round_launched_ahead(smollm):
+    """With rounds launched ahead (``pipeline_max_batch``) a Step of the same requests reads the round launched at
+    the end of the Step before; output equals Step without it (greedy and seeded sampled), here with a draft LM
+    (layer-skip) drafting inside the round."""
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in ("Count to five.", "Say hi.")]
+    params = [GREEDY, SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=5)]
+    ks = {"a": None, "c": None}
+    want = _colocated(make_decoder(smollm, "layerskip:4", k=4, fused_rounds=True), prompts, params, ks)
+    decoder = make_decoder(smollm, "layerskip:4", k=4, fused_rounds=True, pipeline_max_batch=8)
+    assert _colocated(decoder, prompts, params, ks) == want
+    assert decoder.fused.rounds_ahead > 0
+
+
 @pytest.mark.parametrize("ids, probs, drafts, message", [
     ([[1, 2]], [[0.5, 0.5]], [1, 2], "must both be"),
     ([[1, 2]], [[0.7, 0.7]], [1], "distribution"),
