@@ -32,7 +32,7 @@ tested without a GPU.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -145,8 +145,6 @@ class _RoundGraph:
     out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
-    host_out: list[torch.Tensor] = field(default_factory=list)  # two pinned copies of out (captured graphs)
-    launches: int = 0
 
 
 @dataclass
@@ -188,6 +186,12 @@ class FusedRounds:
         self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._ahead: _Launch | None = None  # the next round, launched before the last one was read
+        # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
+        # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
+        self._host_out = [torch.empty(max_batch, 2 * k + 2, dtype=torch.long, pin_memory=True)
+                          for _ in range(2)] if capture else []
+        self._done = [torch.cuda.Event() for _ in range(2)] if capture else []
+        self._launches = 0
         self.rounds = 0  # rounds run (a counter for stats and tests)
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
         self.dropped = 0  # rounds launched ahead whose rows did not come back as they were (wasted, never read)
@@ -317,12 +321,10 @@ class FusedRounds:
                 self._compute(g)
             return _Launch(g, ids, lengths, g.out[:n].clone(), None)
         g.graph.replay()
-        if not g.host_out:
-            g.host_out = [torch.empty(g.out.shape, dtype=g.out.dtype, pin_memory=True) for _ in range(2)]
-        out = g.host_out[g.launches % 2][:n]
-        g.launches += 1
+        slot = self._launches % 2
+        self._launches += 1
+        out, done = self._host_out[slot][:n], self._done[slot]
         out.copy_(g.out[:n], non_blocking=True)
-        done = torch.cuda.Event()
         done.record()
         return _Launch(g, ids, lengths, out, done)
 
