@@ -112,9 +112,9 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     run_s = []
     run = dec.fused.run
 
-    def timed_run(rows):
+    def timed_run(rows, *args, **kwargs):
         t0 = time.perf_counter()
-        out = run(rows)
+        out = run(rows, *args, **kwargs)
         run_s.append(time.perf_counter() - t0)
         return out
 

@@ -142,6 +142,7 @@ class _RoundGraph:
     program: "DraftProgram | None"  # the drafter's part
     inputs: torch.Tensor            # [R, k+2] long: t0, the k pending drafts and how many of them to verify
     sampling: RoundSampling | None  # sampled modes only
+    chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
     out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
@@ -188,9 +189,10 @@ class FusedRounds:
         self._ahead: _Launch | None = None  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
-        self._host_out = [torch.empty(max_batch, 2 * k + 2, dtype=torch.long, pin_memory=True)
-                          for _ in range(2)] if capture else []
-        self._done = [torch.cuda.Event() for _ in range(2)] if capture else []
+        pipelined = capture and pipeline_rows > 0
+        self._host_out = [torch.empty(pipeline_rows, 2 * k + 2, dtype=torch.long, pin_memory=True)
+                          for _ in range(2)] if pipelined else []
+        self._done = [torch.cuda.Event() for _ in range(2)] if pipelined else []
         self._launches = 0
         self.rounds = 0  # rounds run (a counter for stats and tests)
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
@@ -292,7 +294,7 @@ class FusedRounds:
         verifying its full k now and next round (room for two rounds and the drafts after them), and the next
         round's longest row, however many drafts this one accepts, still inside this graph's context bucket."""
         k = self.k
-        return (len(rows) <= self.pipeline_rows
+        return (g.chains and len(rows) <= self.pipeline_rows
                 and all(r.num_draft == k and r.room >= 2 * k + 2 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
@@ -321,6 +323,8 @@ class FusedRounds:
                 self._compute(g)
             return _Launch(g, ids, lengths, g.out[:n].clone(), None)
         g.graph.replay()
+        if not g.chains:  # read as before: the output straight from the device (the read syncs)
+            return _Launch(g, ids, lengths, g.out[:n], None)
         slot = self._launches % 2
         self._launches += 1
         out, done = self._host_out[slot][:n], self._done[slot]
@@ -358,7 +362,8 @@ class FusedRounds:
             g.out.copy_(out)
             if q is not None:
                 g.q_out.copy_(q)
-        self._chain(g, committed, accepted, parts[2] if g.program is not None else None, q)
+        if g.chains:
+            self._chain(g, committed, accepted, parts[2] if g.program is not None else None, q)
 
     def _chain(self, g: _RoundGraph, committed: torch.Tensor, accepted: torch.Tensor,
                next_drafts: torch.Tensor | None, q: torch.Tensor | None) -> None:
@@ -387,7 +392,7 @@ class FusedRounds:
         program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
         inputs[:, self.k + 1] = self.k
-        g = _RoundGraph(attn, program, inputs, sampling)
+        g = _RoundGraph(attn, program, inputs, sampling, rows <= self.pipeline_rows)
         with torch.inference_mode():
             self._compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
         if self.capture:
