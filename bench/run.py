@@ -128,8 +128,13 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                     rounds += o.rounds
                     committed += o.accepted + o.rounds
     elapsed = now_synced() - start
+    fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
+            "pipeline_max_batch": cfg.pipeline_rows,
+            # fused rounds read after being launched ahead, and launched ahead but dropped unread (wasted)
+            "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
+            "fused_rounds_run": sum(f.rounds for f in fused),
             "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
