@@ -30,8 +30,8 @@ class EagleProgram(GraphDraftProgram):
         return self.head.fuse_features(aux)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention,
-                extra: torch.Tensor) -> torch.Tensor:
-        return self.head(tokens, positions, attn, extra)
+                extra: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(tokens, positions, attn, extra, keep)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.compute_logits(hidden)

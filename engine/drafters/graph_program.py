@@ -7,7 +7,8 @@ positions L + 1 .. L + a + 1. The drafter's KV holds one entry per position from
 on, so entry p lives at KV index p - first_position. In the graph it
 1. catches up: entries L + 1 .. L + k + 1, tokens c_0 .. c_k -- a fixed shape; entries past
    L + a + 1 hold placeholders, are never attended by a committed entry and are overwritten later;
-   only the output of entry L + a + 1 (gathered per row) goes on to the LM head: draft 1;
+   every entry writes its K/V, and only entry L + a + 1 of each row goes on past the last layer's
+   attention (o-proj, MLP, norms and LM head on R rows, not R * (k + 1)): draft 1;
 2. drafts: k - 1 single-token steps, entry L + a + 1 + j fed draft j.
 Every length is derived on the device from ``num_accepted``; the host only grows each request's
 KV before the round (to L + 2k entries) and cuts it to the committed length after. In a sampling
@@ -56,10 +57,11 @@ class GraphDraftProgram:
         self.draws = torch.zeros(2, rows, dtype=torch.long, device=self.device) if sampled else None
 
     # ------------------------------------------------------------------ what a subclass says
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra: Any
-                ) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra: Any,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
         """tokens, rotary positions [T] -> outputs [T, H]; ``extra``: the catch-up's ``catch_up_extra`` or, in a
-        draft step, the previous step's output rows (what a feature-fed head reads beside its token)."""
+        draft step, the previous step's output rows (what a feature-fed head reads beside its token); ``keep``
+        [N] long: every token writes its K/V, only these rows go on past the last attention -> [N, H]."""
         raise NotImplementedError
 
     def catch_up_extra(self, aux: torch.Tensor | None) -> Any:
@@ -123,8 +125,9 @@ class GraphDraftProgram:
         self.catch.prepare()
         positions = (kv_lens[:, None] - k + self._offsets[None, :]).reshape(-1)  # L + 1 .. L + k + 1
         tokens = committed.clamp(min=0).reshape(-1)                             # placeholders -> any id
-        out = self.forward(tokens, positions - self.first_position, self.catch, self.catch_up_extra(aux))
-        g = out.view(self.rows, k + 1, -1)[self._rows, num_accepted]             # entry L + a + 1: [R, H]
+        live = self._rows * (k + 1) + num_accepted                              # entry L + a + 1 of each row
+        g = self.forward(tokens, positions - self.first_position, self.catch, self.catch_up_extra(aux),
+                         live)                                                  # [R, H]
         d, q = self._pick(self.logits(g), 0, sampling)
         drafts, qs = [d], [q]
         base = kv - k + num_accepted                                            # entries held through L + a + 1

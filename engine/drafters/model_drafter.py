@@ -119,8 +119,9 @@ class ModelProgram(GraphDraftProgram):
         super().__init__(drafter.runner, drafter.sampler, rows, k, max_blocks, sampled)
         self.model = drafter.runner.model
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra) -> torch.Tensor:
-        return self.model(tokens, positions, attn)
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(tokens, positions, attn, keep)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.sampler.fit_vocab(self.model.compute_logits(hidden))

@@ -118,11 +118,12 @@ class EagleHead(nn.Module):
         return self.fuse(aux.to(self.fuse.weight.dtype))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
-                features: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: [T]; features: [T, hidden] (f_{p-1} per entry) -> outputs g [T, hidden]."""
+                features: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: [T]; features: [T, hidden] (f_{p-1} per entry) -> outputs g [T, hidden];
+        ``keep`` [N] long: every entry writes its K/V, only these rows go on past the attention -> [N, hidden]."""
         emb = self.target.model.embed_tokens(input_ids)
         x = self.proj(torch.cat([self.embed_norm(emb), self.feature_norm(features)], dim=-1))
-        x, delta = self.layer(x, self.target.model.rotary.lookup(positions), attn)
+        x, delta = self.layer(x, self.target.model.rotary.lookup(positions), attn, None, keep)
         return x + delta
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionBackend) -> torch.Tensor:
-        # x: [T, hidden]; rope: RotaryEmbedding.lookup(positions)
+                attn: AttentionBackend, keep: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [T, hidden]; rope: RotaryEmbedding.lookup(positions); keep: [N] long token rows (None: all)
+        # -> [T or N, hidden]: every token writes its K/V, only the kept rows go on through o_proj
         qkv = self.qkv_proj(x)
         t, d = qkv.shape[0], self.head_dim
         if attn.fused_rotary:  # the backend rotates q and k itself, in the launch that writes the KV
@@ -39,7 +40,8 @@ class Attention(nn.Module):
             qk = apply_rotary(qk.view(t, -1, d), rope)  # [T, Hq + Hkv, D]: one pass for q and k
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             o = attn.forward(self.layer, q, k, v.view(t, -1, d))
-        return self.o_proj(o.reshape(-1, self.q_size))
+        o = o.reshape(-1, self.q_size)
+        return self.o_proj(o if keep is None else o[keep])
 
 
 class DecoderLayer(nn.Module):
@@ -50,12 +52,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x: torch.Tensor, rope, attn, delta: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, rope, attn, delta: torch.Tensor | None = None,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] residual stream; delta: the previous layer's output not yet added to it (None: none).
-        Returns (residual stream, this layer's MLP output not yet added): the next norm adds it in one step."""
+        Returns (residual stream, this layer's MLP output not yet added): the next norm adds it in one step.
+        keep: [N] long, the token rows that go on past the attention (every token still writes its K/V; the
+        rest of the layer and both outputs are [N, hidden]); None: all."""
         x, h = self.input_layernorm.add(x, delta)
-        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, rope, attn))
+        o = self.self_attn(h, rope, attn, keep)
+        x, h = self.post_attention_layernorm.add(x if keep is None else x[keep], o)
         return x, self.mlp(h)
 
 
@@ -75,20 +80,28 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden] (after the final norm)."""
-        return self.forward_aux(input_ids, positions, attn, ())[0]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (after the final norm); ``keep`` [N]
+        long: only these token rows go on past the last layer's attention (every token writes its K/V in every
+        layer) -> [N, hidden]."""
+        return self.forward_aux(input_ids, positions, attn, (), keep)[0]
 
     def forward_aux(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
-                    aux_layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    aux_layers: Sequence[int], keep: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Also return the residual stream after each layer in ``aux_layers`` (the features an
-        EAGLE head drafts from): final hidden [T, hidden], aux [T, len(aux_layers) * hidden] or None."""
+        EAGLE head drafts from): final hidden [T, hidden], aux [T, len(aux_layers) * hidden] or None.
+        ``keep``: as in ``forward``, which the last layer's aux features cannot be taken with."""
         m = self.model
+        last = len(m.layers) - 1
+        if keep is not None and last in aux_layers:
+            raise ValueError(f"aux_layers: layer {last} (the last) has only the kept rows")
         x, delta = m.embed_tokens(input_ids), None
         aux = []
         rope = m.rotary.lookup(positions)
         for i, layer in enumerate(m.layers):
-            x, delta = layer(x, rope, attn, delta)
+            x, delta = layer(x, rope, attn, delta, keep if i == last else None)
             if i in aux_layers:
                 aux.append(x + delta)  # the residual stream after layer i
         return m.norm.add(x, delta)[1], (torch.cat(aux, dim=-1) if aux_layers else None)

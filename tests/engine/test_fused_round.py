@@ -127,3 +127,29 @@ def test_requests_of_a_batch_above_spec_max_batch_decode_plainly(smollm, prompts
     alone = dec.generate(prompts[3:], SamplingParams(max_tokens=24, ignore_eos=True))
     assert alone[0].accepted > 0 and dec.fused._graphs
     assert make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True).fused_plain is None  # default: off
+
+
+@pytest.mark.parametrize("draft,k", [("auto", 4), ("layerskip:6", 3)])
+def test_the_catch_up_carries_only_the_live_rows_past_the_attention(smollm, prompts, draft, k):
+    """In a round the drafter's last layer runs its MLP on R rows in the catch-up (one live entry a row; all
+    k + 1 entries write their K/V) and in each of the k - 1 draft steps, never on R * (k + 1). Layer-skip's
+    last layer is also the target's layer 6, which the verify runs once on R * (k + 1) rows."""
+    dec = _fused(smollm, draft, k)
+    model = dec.drafter.head.layer if draft == "auto" else dec.drafter.runner.model.model.layers[-1]
+    seen: list[int] = []
+    hook = model.mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    compute, per_round = dec.fused._compute, []
+
+    def counted(g):  # one round's graph body (a round that builds its graph runs it twice on the CPU)
+        seen.clear()
+        compute(g)
+        rows = g.inputs.shape[0]
+        per_round.append((seen.count(rows), seen.count(rows * (k + 1)), len(seen)))
+
+    dec.fused._compute = counted
+    try:
+        dec.generate(prompts[:3], SamplingParams(max_tokens=20, ignore_eos=True))
+    finally:
+        hook.remove()
+    verify = 0 if draft == "auto" else 1
+    assert per_round and all(r == (k, verify, k + verify) for r in per_round), per_round

@@ -73,3 +73,30 @@ def test_hf_directory_matches_gguf(smollm, hf_smollm, prompt_ids, tmp_path, smol
     ids = prompt_ids[0]
     torch.testing.assert_close(our_logits(loaded, ids), our_logits(smollm, ids), atol=1e-4, rtol=0)
     assert loaded.tokenizer.same_vocab(smollm.tokenizer) is None
+
+
+def _paged_forward(model, ids: list[int], keep: torch.Tensor | None) -> tuple[torch.Tensor, ModelRunner]:
+    """One forward of ``ids`` from position 0 through a fresh paged cache -> (final hidden, the runner)."""
+    from engine.attention.base import AttentionMetadata
+
+    runner = ModelRunner(model, EngineConfig(kv_cache_tokens=1024, kv_block_size=16, cuda_graphs=False))
+    alloc, n = runner.allocator, len(ids)
+    alloc.extend("s", n)
+    runner.attention.plan(AttentionMetadata(q_lens=(n,), kv_lens=(n,), block_tables=(tuple(alloc.block_table("s")),),
+                                            slot_mapping=torch.tensor(alloc.slots("s", 0, n), dtype=torch.long)))
+    with torch.inference_mode():
+        return model(torch.tensor(ids), torch.arange(n), runner.attention, keep), runner
+
+
+def test_kept_rows_go_on_past_the_last_attention_and_every_token_writes_its_kv(smollm, prompt_ids):
+    """``keep`` (what a fused round's catch-up passes): the kept rows' outputs are the full forward's rows, and
+    every token's K/V in every layer is exactly what the full forward writes."""
+    ids = prompt_ids[1][:24]
+    full, a = _paged_forward(smollm.model, ids, None)
+    keep = torch.tensor([3, 23, 10])
+    kept, b = _paged_forward(smollm.model, ids, keep)
+    assert kept.shape == (3, smollm.config.hidden_size)
+    torch.testing.assert_close(kept, full[keep], atol=1e-5, rtol=1e-5)  # float32 rounding of a smaller matmul
+    assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
+    with pytest.raises(ValueError, match="aux_layers"):
+        smollm.model.forward_aux(torch.tensor(ids), torch.arange(len(ids)), a.attention, (29,), keep)
