@@ -370,15 +370,21 @@ class FusedRounds:
         """The next round's inputs, left in this graph's own input buffers (what a round launched ahead reads;
         a round launched from the host overwrites them): t0 becomes this round's last committed token, the
         drafts its next drafts (and, in sampling rounds, their q), and each live row's KV length grows by the
-        tokens committed. Padding rows (KV length exactly k + 1) stay as they are."""
+        tokens committed. Padding rows (KV length exactly k + 1) stay as they are. On CUDA all but the q is one
+        launch (``kernels.next_inputs``), else the torch steps below."""
         k, kv = self.k, g.attn.kv_lens                                          # [R]
         live = (kv > k + 1)[:, None]                                           # [R, 1]
+        if q is not None:                                                      # [R, k, V], before kv moves
+            g.sampling.q_in.copy_(torch.where(live[:, :, None], q, g.sampling.q_in))
+        if ops.use_kernels(kv):  # one launch (kernels.next_inputs, the same steps)
+            from kernels.next_inputs import next_inputs
+
+            next_inputs(g.inputs, kv, committed, accepted, next_drafts)
+            return
         nxt = committed.gather(1, accepted[:, None])                           # [R, 1]
         if next_drafts is not None:
             nxt = torch.cat([nxt, next_drafts], dim=1)                         # [R, k + 1]
         g.inputs[:, : k + 1].copy_(torch.where(live, nxt, g.inputs[:, : k + 1]))
-        if q is not None:                                                      # [R, k, V]
-            g.sampling.q_in.copy_(torch.where(live[:, :, None], q, g.sampling.q_in))
         kv.add_(torch.where(live[:, 0], accepted + 1, 0))
 
     def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:

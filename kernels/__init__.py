@@ -1,10 +1,11 @@
 """Triton kernels for the small steps of a speculative round, one launch each.
 
 - ``greedy_accept``: greedy verification (accepted drafts + recovered/bonus token).
-- ``rejection_accept``: rejection sampling's accept/reject decision from per-position
-  probabilities, and ``sample_final``: the recovered/bonus token by the exponential race.
+- ``rejection_accept``: lossless rejection sampling of a round (accepted drafts, then the recovered or
+  bonus token by the exponential race at the one position each row draws at).
 - ``kv_slots``: paged-KV slots and positions of the tokens a batch appends.
-- ``next_inputs``: the last committed token and new lengths the next round starts from.
+- ``next_inputs``: a fused round launched ahead chains its inputs (last committed token, next drafts, KV lengths)
+  from the round before, in place.
 - ``philox``: counter-based random rows (a batch's coins from its seeds and draw numbers); its
   torch reference is ``philox_ref`` (no triton: the engine's CPU path).
 - ``argmax_rows``: a row's argmax (or exponential race) over the vocabulary, split across programs.

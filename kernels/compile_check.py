@@ -12,11 +12,25 @@ import sys
 
 
 def _cases():
-    from kernels import argmax_rows, fused_norm, greedy_accept, philox, rmsnorm, rotary, silu_mul, static_attention
+    from kernels import (argmax_rows, fused_norm, greedy_accept, next_inputs, philox, rejection_accept, rmsnorm,
+                         rotary, silu_mul, static_attention)
 
     yield ("greedy_accept", greedy_accept._greedy_accept_kernel,
            dict(draft_ptr="*i64", num_draft_ptr="*i64", target_ptr="*i64", out_ptr="*i64", num_accepted_ptr="*i64",
                 K="i32", stride_d="i32", stride_n="i32"), dict(PLACEHOLDER=-1, BLOCK=8))
+
+    for has_q in (False, True):
+        yield (f"rejection_accept has_q={has_q}", rejection_accept._rejection_accept_kernel,
+               dict(draft_ptr="*i64", num_draft_ptr="*i64", p_ptr="*fp32", q_ptr="*fp32", u_ptr="*fp32",
+                    noise_ptr="*fp32", val_ptr="*fp32", idx_ptr="*i64", ticket_ptr="*i32", out_ptr="*i64",
+                    num_accepted_ptr="*i64", K="i32", V="i32", chunks="i32",
+                    **{n: "i32" for n in ("stride_d", "stride_n", "stride_pb", "stride_pk", "stride_qb", "stride_qk",
+                                          "stride_u", "stride_e")}),
+               dict(HAS_Q=has_q, PLACEHOLDER=-1, BLOCK_K=8, BLOCK=rejection_accept.BLOCK, NB=32))
+
+    yield ("next_inputs", next_inputs._next_inputs_kernel,
+           dict(inputs_ptr="*i64", kv_ptr="*i64", committed_ptr="*i64", num_accepted_ptr="*i64", drafts_ptr="*i64",
+                K="i32", stride_i="i32", stride_c="i32", stride_d="i32"), dict(BLOCK=8))
 
     for noise in (False, True):
         yield (f"argmax_rows noise={noise}", argmax_rows._argmax_rows_kernel,

@@ -30,7 +30,7 @@ def greedy_accept_reference(
     b, k = draft_token_ids.shape
     n = accepted_prefix_reference(draft_token_ids == target_argmax[:, :k], num_draft)
     cols = torch.arange(k + 1, device=n.device).unsqueeze(0)
-    drafts = torch.cat([draft_token_ids, torch.full_like(draft_token_ids[:, :1], PLACEHOLDER_TOKEN_ID)], dim=1)
+    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((b, 1), PLACEHOLDER_TOKEN_ID)], dim=1)
     final = target_argmax.gather(1, n.unsqueeze(1))
     out = torch.where(cols < n.unsqueeze(1), drafts, torch.where(cols == n.unsqueeze(1), final, PLACEHOLDER_TOKEN_ID))
     return out, n

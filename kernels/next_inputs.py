@@ -1,17 +1,18 @@
-"""The next round's inputs from this round's verdict, in one launch and without a host sync.
+"""The next round's inputs from this round's verdict, in place, in one launch and without a host sync.
 
-Contract. Before the round row b had ``seq_lens[b]`` committed tokens, all but the last in
-the target's KV (``engine.spec``'s invariant). Verification (``greedy_accept``, or rejection
-sampling) commits ``output_ids[b, :num_accepted[b] + 1]``: the accepted drafts, then the
-recovered or bonus token at index ``num_accepted[b]``. So after the round
+What a fused round launched ahead reads (``engine.fused_round``): row b of a round ran with its last
+committed token t0 and K drafts in ``inputs[b, :K+1]`` (``inputs[b, K+1]``: how many of them to verify,
+left as it is) and a KV length ``kv_lens[b]`` = L + K + 1. Verification committed
+``committed[b, :num_accepted[b] + 1]`` (accepted drafts, then the recovered or bonus token), and the
+drafter made ``next_drafts[b]``. Then, for every *live* row (``kv_lens[b] > K + 1``; a padding row holds
+exactly its K + 1 tokens and is left alone):
 
-- ``new_seq_lens = seq_lens + num_accepted + 1`` tokens are committed;
-- ``last_token = output_ids[b, num_accepted[b]]`` is the one committed token the target has
-  not seen: the next round feeds it (then its drafts) at position ``new_seq_lens - 1``,
-  which is also the length the target's KV is rolled back to.
+- ``inputs[b, 0] = committed[b, num_accepted[b]]``, the one committed token the target has not seen;
+- ``inputs[b, 1:K+1] = next_drafts[b]``;
+- ``kv_lens[b] += num_accepted[b] + 1``: the next round's KV length, L' + K + 1 with L' = L + a + 1.
 
-``num_accepted`` must lie in [0, K] (what verification returns); the kernel clamps the index
-so it never reads outside ``output_ids``. Reference: ``next_inputs_reference``.
+``num_accepted`` must lie in [0, K] (what verification returns); the kernel clamps the index so it never
+reads outside ``committed``. Reference: ``next_inputs_reference`` (the same steps in torch, out of place).
 """
 
 from __future__ import annotations
@@ -20,56 +21,77 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_launchable, check_tensor
-
-BLOCK_B = 128  # rows per program
+from kernels._common import check_launchable, check_tensor, pow2_at_least
 
 
 def next_inputs_reference(
-    output_ids: torch.Tensor,    # [B, K+1] int64
-    num_accepted: torch.Tensor,  # [B] int64
-    seq_lens: torch.Tensor,      # [B] int64: committed tokens before the round
-) -> tuple[torch.Tensor, torch.Tensor]:  # last_token [B] int64, new_seq_lens [B] int64
-    last_token = output_ids.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
-    return last_token, seq_lens + num_accepted + 1
+    inputs: torch.Tensor,              # [R, K+2] int64
+    kv_lens: torch.Tensor,             # [R] int64
+    committed: torch.Tensor,           # [R, K+1] int64
+    num_accepted: torch.Tensor,        # [R] int64
+    next_drafts: torch.Tensor | None,  # [R, K] int64; None when K == 0
+) -> tuple[torch.Tensor, torch.Tensor]:  # the new inputs [R, K+2], kv_lens [R]
+    k = committed.shape[1] - 1
+    live = kv_lens > k + 1
+    nxt = committed.gather(1, num_accepted.clamp(0, k)[:, None])
+    if next_drafts is not None:
+        nxt = torch.cat([nxt, next_drafts], dim=1)
+    out = inputs.clone()
+    out[:, : k + 1] = torch.where(live[:, None], nxt, inputs[:, : k + 1])
+    return out, torch.where(live, kv_lens + num_accepted + 1, kv_lens)
 
 
 @triton.jit
 def _next_inputs_kernel(
-    output_ids_ptr,    # [B, K+1] int64
-    num_accepted_ptr,  # [B] int64
-    seq_lens_ptr,      # [B] int64
-    last_token_ptr,    # [B] int64
-    new_seq_lens_ptr,  # [B] int64
-    B, K1,
-    BLOCK_B: tl.constexpr,
+    inputs_ptr,        # [R, K+2] int64, row stride stride_i
+    kv_ptr,            # [R] int64
+    committed_ptr,     # [R, K+1] int64, row stride stride_c
+    num_accepted_ptr,  # [R] int64
+    drafts_ptr,        # [R, K] int64, row stride stride_d (unused when K == 0)
+    K, stride_i, stride_c, stride_d,
+    BLOCK: tl.constexpr,  # power of two >= K + 1
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
-    live = rows < B
-    n = tl.load(num_accepted_ptr + rows, mask=live, other=0)
-    col = tl.minimum(tl.maximum(n, 0), K1 - 1)
-    last = tl.load(output_ids_ptr + rows * K1 + col, mask=live, other=0)
-    tl.store(last_token_ptr + rows, last, mask=live)
-    tl.store(new_seq_lens_ptr + rows, tl.load(seq_lens_ptr + rows, mask=live, other=0) + n + 1, mask=live)
+    row = tl.program_id(0).to(tl.int64)
+    kv = tl.load(kv_ptr + row)
+    if kv > K + 1:  # a live row (padding rows hold exactly K + 1 tokens)
+        n = tl.load(num_accepted_ptr + row)
+        last = tl.load(committed_ptr + row * stride_c + tl.minimum(tl.maximum(n, 0), K))
+        cols = tl.arange(0, BLOCK)
+        drafts = tl.load(drafts_ptr + row * stride_d + cols - 1, mask=(cols >= 1) & (cols <= K), other=0)
+        tl.store(inputs_ptr + row * stride_i + cols, tl.where(cols == 0, last, drafts), mask=cols <= K)
+        tl.store(kv_ptr + row, kv + n + 1)
 
 
 def next_inputs(
-    output_ids: torch.Tensor,    # [B, K+1] int64: accepted drafts, recovered/bonus token, placeholders
-    num_accepted: torch.Tensor,  # [B] int64 in [0, K]
-    seq_lens: torch.Tensor,      # [B] int64: committed tokens before the round
-) -> tuple[torch.Tensor, torch.Tensor]:  # last_token [B] int64, new_seq_lens [B] int64
-    check_tensor("output_ids", output_ids, torch.int64, (None, None))
-    b, k1 = output_ids.shape
-    dev = output_ids.device
+    inputs: torch.Tensor,              # [R, K+2] int64, updated in place (columns contiguous)
+    kv_lens: torch.Tensor,             # [R] int64, updated in place (contiguous)
+    committed: torch.Tensor,           # [R, K+1] int64: this round's output ids
+    num_accepted: torch.Tensor,        # [R] int64 in [0, K]
+    next_drafts: torch.Tensor | None,  # [R, K] int64: the drafter's next drafts; None when K == 0
+) -> None:
+    check_tensor("committed", committed, torch.int64, (None, None))
+    r, k1 = committed.shape
+    dev = committed.device
     if k1 < 1:
-        raise ValueError(f"output_ids must have K+1 >= 1 columns, got {list(output_ids.shape)}")
-    check_tensor("num_accepted", num_accepted, torch.int64, (b,), dev)
-    check_tensor("seq_lens", seq_lens, torch.int64, (b,), dev)
+        raise ValueError(f"committed must have K+1 >= 1 columns, got {list(committed.shape)}")
+    k = k1 - 1
+    check_tensor("inputs", inputs, torch.int64, (r, k + 2), dev)
+    check_tensor("kv_lens", kv_lens, torch.int64, (r,), dev)
+    check_tensor("num_accepted", num_accepted, torch.int64, (r,), dev)
+    if (next_drafts is None) != (k == 0):
+        raise ValueError(f"next_drafts must be given exactly when K > 0 (K = {k}), got "
+                         f"{'None' if next_drafts is None else list(next_drafts.shape)}")
+    if next_drafts is not None:
+        check_tensor("next_drafts", next_drafts, torch.int64, (r, k), dev)
+    if inputs.stride(1) != 1 or kv_lens.stride(0) != 1:
+        raise ValueError("inputs (columns) and kv_lens must be contiguous: they are updated in place")
     check_launchable(_next_inputs_kernel, dev)
-    last_token = torch.empty((b,), dtype=torch.int64, device=dev)
-    new_seq_lens = torch.empty((b,), dtype=torch.int64, device=dev)
-    if b:
-        _next_inputs_kernel[(triton.cdiv(b, BLOCK_B),)](
-            output_ids.contiguous(), num_accepted.contiguous(), seq_lens.contiguous(), last_token, new_seq_lens,
-            b, k1, BLOCK_B=BLOCK_B)
-    return last_token, new_seq_lens
+    if not r:
+        return
+    drafts = committed if next_drafts is None else next_drafts
+    if k > 1 and drafts.stride(1) != 1:
+        drafts = drafts.contiguous()
+    if k and committed.stride(1) != 1:
+        committed = committed.contiguous()
+    _next_inputs_kernel[(r,)](inputs, kv_lens, committed, num_accepted.contiguous(), drafts, k, inputs.stride(0),
+                              committed.stride(0), drafts.stride(0), BLOCK=pow2_at_least(k + 1))

@@ -1,17 +1,22 @@
-"""Lossless rejection sampling's two per-row steps, each in one launch.
+"""Lossless rejection sampling of a round in one launch (and a memset): accept, then recover or bonus.
 
-``rejection_accept``: the accept/reject decision given the per-position probabilities of
-each draft token: draft j of row b is accepted when ``uniforms * q_draft < p_draft``
-(u < p/q without dividing), and a row accepts the all-accepted prefix of its ``num_draft``
-drafts. Reference: ``rejection_accept_reference``, the same lines as
-``engine.sampling.rejection.rejection_sample``.
+Same contract as ``engine.sampling.rejection.rejection_sample`` (tests check the kernel, the reference
+below and the engine's torch steps against each other, bit for bit). Row b:
 
-``sample_final``: the recovered/bonus token of each row by the exponential race
-``argmax(dist / noise)`` over the vocabulary of the row's chosen position (in
-``rejection_sample`` the position is ``num_accepted``), looping over the vocabulary in
-blocks. Reference: ``sample_final_reference`` (as ``engine.sampling.sampler.sample_from_probs``);
-the division is IEEE round-to-nearest (``div_rn``), so the winner is the same as torch's,
-ties going to the lowest index. Rows with a NaN score (0 / 0) are outside the contract.
+- *accepted*: draft j (j < ``num_draft[b]``) is accepted when ``u_j * q(d_j) < p_j(d_j)`` (u < p/q without
+  dividing; q = 1 for one-hot drafts, ``draft_probs`` None); ``n`` = the all-accepted prefix;
+- at position n it draws one token by the exponential race ``argmax(dist / noise)``: from the *residual*
+  ``max(0, p_n - q_n)`` (one-hot drafts: p_n with the draft's token zeroed) when a draft was rejected there
+  (*recovered*), or from p_n itself when every draft was accepted (n == num_draft, or n == K: *bonus*) or the
+  residual vanished (p == q up to rounding);
+- writes the accepted drafts, the drawn token at index n, then ``PLACEHOLDER_TOKEN_ID``, and n.
+
+The torch steps build residuals and distributions for every position, [B, K+1, V] each, in about twenty
+launches. Here each program takes ``BLOCK`` columns of a row, decides the row's acceptance itself (K gathers),
+races the residual and p over its columns at the one position n, and stores its best (score, first index)
+of each and whether any residual entry was positive; the row's last program (an acq_rel ticket per row, as in
+``kernels.argmax_rows``) merges them and writes the row. Divisions are IEEE round-to-nearest (``div_rn``), ties
+go to the lowest index, as torch's argmax; NaN is outside the contract. Reference: ``rejection_accept_reference``.
 """
 
 from __future__ import annotations
@@ -20,125 +25,172 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import accepted_prefix, check_launchable, check_tensor, pow2_at_least
+from kernels._common import PLACEHOLDER_TOKEN_ID, accepted_prefix, check_launchable, check_tensor, pow2_at_least
 from kernels.greedy_accept import accepted_prefix_reference
 
-MAX_BLOCK_V = 1024  # vocabulary entries one program scores per loop iteration
+BLOCK = 2048  # vocabulary columns per program
 
 
 def rejection_accept_reference(
-    p_draft: torch.Tensor,   # [B, K] float32
-    q_draft: torch.Tensor,   # [B, K] float32
-    uniforms: torch.Tensor,  # [B, K] float32
-    num_draft: torch.Tensor,  # [B] int64
-) -> torch.Tensor:           # num_accepted [B] int64
-    return accepted_prefix_reference(uniforms * q_draft < p_draft, num_draft)
+    draft_token_ids: torch.Tensor,      # [B, K] int64, PLACEHOLDER_TOKEN_ID past num_draft
+    num_draft: torch.Tensor,            # [B] int64
+    target_probs: torch.Tensor,         # [B, K+1, V] float32
+    draft_probs: torch.Tensor | None,   # [B, K, V] float32; None: one-hot drafts
+    uniforms: torch.Tensor,             # [B, K] float32 in [0, 1)
+    noise: torch.Tensor,                # [B, V] float32, Exponential(1)
+) -> tuple[torch.Tensor, torch.Tensor]:  # output ids [B, K+1] int64, num_accepted [B] int64
+    b, k = draft_token_ids.shape
+    ids = draft_token_ids.clamp(min=0)
+    p_draft = target_probs[:, :k].gather(-1, ids[..., None])[..., 0]
+    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, ids[..., None])[..., 0]
+    n = accepted_prefix_reference(uniforms * q_draft < p_draft, num_draft)
+    rows = torch.arange(b, device=n.device)
+    p = target_probs[rows, n]                                                   # [B, V] at position n
+    at = n.clamp(max=max(k - 1, 0))
+    if k == 0:
+        residual = torch.zeros_like(p)
+    elif draft_probs is None:
+        residual = p.scatter(1, ids[rows, at][:, None], 0.0)
+    else:
+        residual = (p - draft_probs[rows, at]).clamp(min=0.0)
+    use_p = (n >= num_draft) | (n >= k) | ~(residual > 0).any(-1)               # bonus, or a vanished residual
+    final = (torch.where(use_p[:, None], p, residual) / noise).argmax(-1)
+    cols = torch.arange(k + 1, device=n.device)[None, :]
+    drafts = torch.cat([draft_token_ids, torch.full_like(n[:, None], PLACEHOLDER_TOKEN_ID)], dim=1)
+    out = torch.where(cols < n[:, None], drafts, torch.where(cols == n[:, None], final[:, None], PLACEHOLDER_TOKEN_ID))
+    return out, n
 
 
-def sample_final_reference(
-    dist: torch.Tensor,      # [B, N, V] float32
-    position: torch.Tensor,  # [B] int64 in [0, N)
-    noise: torch.Tensor,     # [B, V] float32
-) -> torch.Tensor:           # [B] int64
-    rows = torch.arange(dist.shape[0], device=dist.device)
-    return (dist[rows, position] / noise).argmax(dim=-1)  # the exponential race of engine's sample_from_probs
+@triton.jit
+def _best(score, cols):
+    # one block of the exponential race: its best score and that score's first column
+    top = tl.max(score, axis=0)
+    return top, tl.min(tl.where(score == top, cols, 2147483647), axis=0).to(tl.int64)
 
 
 @triton.jit
 def _rejection_accept_kernel(
-    p_ptr,             # [B, K] float32
-    q_ptr,             # [B, K] float32
-    u_ptr,             # [B, K] float32
-    num_draft_ptr,     # [B] int64
+    draft_ptr,      # [B, K] int64, row stride stride_d
+    num_draft_ptr,  # [B] int64, stride stride_n
+    p_ptr,          # [B, K+1, V] float32, strides stride_pb, stride_pk (columns contiguous)
+    q_ptr,          # [B, K, V] float32, strides stride_qb, stride_qk (columns contiguous; unused without HAS_Q)
+    u_ptr,          # [B, K] float32, row stride stride_u
+    noise_ptr,      # [B, V] float32, row stride stride_e (columns contiguous)
+    val_ptr,        # [B, NB, 3] float32 scratch: each program's best residual score, best p score, any residual > 0
+    idx_ptr,        # [B, NB, 2] int64 scratch: their first indices
+    ticket_ptr,     # [B] int32, zero before the launch
+    out_ptr,        # [B, K+1] int64
     num_accepted_ptr,  # [B] int64
-    K,
-    BLOCK: tl.constexpr,  # power of two >= K + 1
+    K, V, chunks,
+    stride_d, stride_n, stride_pb, stride_pk, stride_qb, stride_qk, stride_u, stride_e,
+    HAS_Q: tl.constexpr,
+    PLACEHOLDER: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # power of two >= K + 1
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,       # power of two >= chunks
 ):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    in_draft = cols < K
-    p = tl.load(p_ptr + row * K + cols, mask=in_draft, other=0.0)
-    q = tl.load(q_ptr + row * K + cols, mask=in_draft, other=1.0)
-    u = tl.load(u_ptr + row * K + cols, mask=in_draft, other=1.0)
-    num_draft = tl.load(num_draft_ptr + row)
-    ok = in_draft & (cols < num_draft) & (u * q < p)
-    tl.store(num_accepted_ptr + row, accepted_prefix(ok, cols, BLOCK))
-
-
-@triton.jit
-def _sample_final_kernel(
-    dist_ptr,      # [B, N, V] float32 (strided)
-    position_ptr,  # [B] int64
-    noise_ptr,     # [B, V] float32 (strided)
-    out_ptr,       # [B] int64
-    N,
-    stride_db, stride_dn, stride_dv, stride_nb, stride_nv,
-    V: tl.constexpr,  # the vocabulary: fixed per model, a compile-time loop bound
-    BLOCK_V: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    pos = tl.minimum(tl.maximum(tl.load(position_ptr + row), 0), N - 1)  # clamped: never read outside dist
-    dist_row = dist_ptr + row * stride_db + pos * stride_dn
-    noise_row = noise_ptr + row * stride_nb
-    lanes = tl.arange(0, BLOCK_V)
-    # per lane: the best score so far and its index; a later block wins only when strictly better
-    best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
-    best_idx = tl.zeros((BLOCK_V,), tl.int64)
-    for start in range(0, V, BLOCK_V):
-        cols = start + lanes
-        m = cols < V
-        d = tl.load(dist_row + cols * stride_dv, mask=m, other=0.0)
-        e = tl.load(noise_row + cols * stride_nv, mask=m, other=1.0)
-        score = tl.where(m, tl.math.div_rn(d, e), float("-inf"))
-        better = score > best
-        best = tl.where(better, score, best)
-        best_idx = tl.where(better, cols, best_idx)
-    top = tl.max(best, axis=0)
-    tl.store(out_ptr + row, tl.min(tl.where(best == top, best_idx, V), axis=0))
-
-
-def _check_draft_rows(p_draft, q_draft, uniforms, num_draft) -> tuple[int, int, torch.device]:
-    check_tensor("p_draft", p_draft, torch.float32, (None, None))
-    b, k = p_draft.shape
-    dev = p_draft.device
-    check_tensor("q_draft", q_draft, torch.float32, (b, k), dev)
-    check_tensor("uniforms", uniforms, torch.float32, (b, k), dev)
-    check_tensor("num_draft", num_draft, torch.int64, (b,), dev)
-    return b, k, dev
+    chunk = tl.program_id(1)
+    # acceptance (every program of the row decides it the same way): u * q(d_j) < p_j(d_j) on the prefix
+    j = tl.arange(0, BLOCK_K)
+    in_draft = j < K
+    draft = tl.load(draft_ptr + row * stride_d + j, mask=in_draft, other=PLACEHOLDER)
+    ids = tl.maximum(draft, 0)
+    num_draft = tl.load(num_draft_ptr + row * stride_n)
+    p_d = tl.load(p_ptr + row * stride_pb + j * stride_pk + ids, mask=in_draft, other=0.0)
+    if HAS_Q:
+        q_d = tl.load(q_ptr + row * stride_qb + j * stride_qk + ids, mask=in_draft, other=1.0)
+    else:
+        q_d = tl.full((BLOCK_K,), 1.0, tl.float32)
+    u = tl.load(u_ptr + row * stride_u + j, mask=in_draft, other=1.0)
+    n = accepted_prefix(in_draft & (j < num_draft) & (u * q_d < p_d), j, BLOCK_K)
+    bonus = (n >= num_draft) | (n >= K)
+    # this program's columns at position n: the residual's race and p's race
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    live = cols < V
+    p = tl.load(p_ptr + row * stride_pb + n * stride_pk + cols, mask=live, other=0.0)
+    e = tl.load(noise_ptr + row * stride_e + cols, mask=live, other=1.0)
+    if HAS_Q:
+        q = tl.load(q_ptr + row * stride_qb + n * stride_qk + cols, mask=live & ~bonus, other=0.0)
+        r = tl.maximum(p - q, 0.0)
+    else:
+        d_n = tl.sum(tl.where(j == n, ids, 0), axis=0)  # the draft's token at position n (one-hot q)
+        r = tl.where(cols == d_n, 0.0, p)
+    r_best, r_idx = _best(tl.where(live, tl.math.div_rn(r, e), float("-inf")), cols)
+    p_best, p_idx = _best(tl.where(live, tl.math.div_rn(p, e), float("-inf")), cols)
+    any_r = tl.max(tl.where(live & (r > 0.0), 1.0, 0.0), axis=0)
+    part = row * NB + chunk
+    tl.store(val_ptr + part * 3, r_best)
+    tl.store(val_ptr + part * 3 + 1, p_best)
+    tl.store(val_ptr + part * 3 + 2, any_r)
+    tl.store(idx_ptr + part * 2, r_idx)
+    tl.store(idx_ptr + part * 2 + 1, p_idx)
+    tl.debug_barrier()  # the partials are stored before the ticket releases them
+    if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == chunks - 1:  # the row's last program merges
+        c = tl.arange(0, NB)
+        mine = c < chunks
+        base = row * NB + c
+        r_vals = tl.load(val_ptr + base * 3, mask=mine, other=float("-inf"), cache_modifier=".cg")
+        p_vals = tl.load(val_ptr + base * 3 + 1, mask=mine, other=float("-inf"), cache_modifier=".cg")
+        any_vals = tl.load(val_ptr + base * 3 + 2, mask=mine, other=0.0, cache_modifier=".cg")
+        r_idxs = tl.load(idx_ptr + base * 2, mask=mine, other=V, cache_modifier=".cg")
+        p_idxs = tl.load(idx_ptr + base * 2 + 1, mask=mine, other=V, cache_modifier=".cg")
+        r_top = tl.max(r_vals, axis=0)
+        p_top = tl.max(p_vals, axis=0)
+        r_final = tl.min(tl.where((r_vals == r_top) & mine, r_idxs, V), axis=0)
+        p_final = tl.min(tl.where((p_vals == p_top) & mine, p_idxs, V), axis=0)
+        final = tl.where(bonus | (tl.max(any_vals, axis=0) == 0.0), p_final, r_final)
+        in_out = j < K + 1
+        out = tl.where(j < n, draft, tl.where(j == n, final, PLACEHOLDER))
+        tl.store(out_ptr + row * (K + 1) + j, out, mask=in_out)
+        tl.store(num_accepted_ptr + row, n)
 
 
 def rejection_accept(
-    p_draft: torch.Tensor,   # [B, K] float32: target probability of each draft token
-    q_draft: torch.Tensor,   # [B, K] float32: draft probability of each draft token (1.0 if one-hot)
-    uniforms: torch.Tensor,  # [B, K] float32 in [0, 1)
-    num_draft: torch.Tensor,  # [B] int64
-) -> torch.Tensor:           # num_accepted [B] int64
-    b, k, dev = _check_draft_rows(p_draft, q_draft, uniforms, num_draft)
-    check_launchable(_rejection_accept_kernel, dev)
-    num_accepted = torch.empty((b,), dtype=torch.int64, device=dev)
-    if b:
-        _rejection_accept_kernel[(b,)](
-            p_draft.contiguous(), q_draft.contiguous(), uniforms.contiguous(), num_draft.contiguous(),
-            num_accepted, k, BLOCK=pow2_at_least(k + 1))
-    return num_accepted
-
-
-def sample_final(
-    dist: torch.Tensor,      # [B, N, V] float32, need not be normalized (e.g. [B, K+1, V] residuals)
-    position: torch.Tensor,  # [B] int64: the position to draw from in each row, in [0, N)
-    noise: torch.Tensor,     # [B, V] float32, i.i.d. Exponential(1)
-) -> torch.Tensor:           # [B] int64
-    check_tensor("dist", dist, torch.float32, (None, None, None))
-    b, n, v = dist.shape
-    dev = dist.device
-    if n < 1 or v < 1:
-        raise ValueError(f"dist must have at least one position and one vocabulary entry, got {list(dist.shape)}")
-    check_tensor("position", position, torch.int64, (b,), dev)
+    draft_token_ids: torch.Tensor,      # [B, K] int64, padded with PLACEHOLDER_TOKEN_ID; rows may be strided
+    num_draft: torch.Tensor,            # [B] int64, may be strided (a column of the round's inputs)
+    target_probs: torch.Tensor,         # [B, K+1, V] float32 (columns contiguous)
+    draft_probs: torch.Tensor | None,   # [B, K, V] float32 (columns contiguous); None: one-hot drafts
+    uniforms: torch.Tensor,             # [B, K] float32 in [0, 1)
+    noise: torch.Tensor,                # [B, V] float32, Exponential(1) (columns contiguous)
+) -> tuple[torch.Tensor, torch.Tensor]:  # output ids [B, K+1] int64, num_accepted [B] int64
+    check_tensor("draft_token_ids", draft_token_ids, torch.int64, (None, None))
+    b, k = draft_token_ids.shape
+    dev = draft_token_ids.device
+    check_tensor("num_draft", num_draft, torch.int64, (b,), dev)
+    check_tensor("target_probs", target_probs, torch.float32, (b, k + 1, None), dev)
+    v = target_probs.shape[2]
+    if v < 1:
+        raise ValueError(f"target_probs must have at least one vocabulary entry, got {list(target_probs.shape)}")
+    if draft_probs is not None:
+        check_tensor("draft_probs", draft_probs, torch.float32, (b, k, v), dev)
+    check_tensor("uniforms", uniforms, torch.float32, (b, k), dev)
     check_tensor("noise", noise, torch.float32, (b, v), dev)
-    check_launchable(_sample_final_kernel, dev)
-    out = torch.empty((b,), dtype=torch.int64, device=dev)
-    if b:
-        _sample_final_kernel[(b,)](
-            dist, position.contiguous(), noise, out, n, *dist.stride(), *noise.stride(),
-            V=v, BLOCK_V=min(MAX_BLOCK_V, pow2_at_least(v)))
-    return out
+    check_launchable(_rejection_accept_kernel, dev)
+    out = torch.empty((b, k + 1), dtype=torch.int64, device=dev)
+    num_accepted = torch.empty((b,), dtype=torch.int64, device=dev)
+    if not b:
+        return out, num_accepted
+    if k > 1 and draft_token_ids.stride(1) != 1:
+        draft_token_ids = draft_token_ids.contiguous()
+    if k > 1 and uniforms.stride(1) != 1:
+        uniforms = uniforms.contiguous()
+    if v > 1 and target_probs.stride(2) != 1:
+        target_probs = target_probs.contiguous()
+    if draft_probs is not None and v > 1 and draft_probs.stride(2) != 1:
+        draft_probs = draft_probs.contiguous()
+    if v > 1 and noise.stride(1) != 1:
+        noise = noise.contiguous()
+    q = target_probs if draft_probs is None else draft_probs
+    chunks = triton.cdiv(v, BLOCK)
+    nb = pow2_at_least(chunks)
+    val = torch.empty((b, nb, 3), dtype=torch.float32, device=dev)
+    idx = torch.empty((b, nb, 2), dtype=torch.int64, device=dev)
+    ticket = torch.zeros((b,), dtype=torch.int32, device=dev)
+    _rejection_accept_kernel[(b, chunks)](
+        draft_token_ids, num_draft, target_probs, q, uniforms, noise, val, idx, ticket, out, num_accepted,
+        k, v, chunks, draft_token_ids.stride(0), num_draft.stride(0), target_probs.stride(0), target_probs.stride(1),
+        q.stride(0), q.stride(1), uniforms.stride(0), noise.stride(0),
+        HAS_Q=draft_probs is not None, PLACEHOLDER=PLACEHOLDER_TOKEN_ID, BLOCK_K=pow2_at_least(k + 1), BLOCK=BLOCK,
+        NB=nb)
+    return out, num_accepted

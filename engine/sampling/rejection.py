@@ -63,6 +63,13 @@ def rejection_sample(
     uniforms: torch.Tensor,             # [B, K] float32 in [0, 1)
     noise: torch.Tensor,                # [B, V] float32, Exponential(1): one draw per row
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output ids [B, K+1], num_accepted [B]
+    """On CUDA at inference one launch (``kernels.rejection_accept``, the same contract, bit for bit), which
+    races only the position each row draws at; else these torch steps over every position (about twenty
+    launches on a GPU, [B, K+1, V] tensors in between)."""
+    if ops.use_kernels(target_probs):
+        from kernels.rejection_accept import rejection_accept
+
+        return rejection_accept(draft_token_ids, num_draft, target_probs, draft_probs, uniforms, noise)
     b, k = draft_token_ids.shape
     safe_ids = draft_token_ids.clamp(min=0).unsqueeze(-1)                 # [B, K, 1]
     p_draft = target_probs[:, :k].gather(-1, safe_ids).squeeze(-1)        # p(d_j) [B, K]

@@ -74,3 +74,32 @@ def test_argmax_rows_compiled_equal_torch():
         for _ in range(3):   # the per-row tickets start at zero on every call
             assert torch.equal(argmax_rows(x), argmax_rows_reference(x))
             assert torch.equal(argmax_rows(x, noise), argmax_rows_reference(x, noise))
+
+
+def test_rejection_accept_compiled_equals_the_torch_steps():
+    """A round's sampled acceptance in one launch, compiled, against the engine's torch steps on the CPU (same
+    float32 arithmetic): SmolLM2's vocabulary, one-hot and full draft distributions, calls in a row."""
+    from engine.sampling.rejection import rejection_sample
+    from kernels.rejection_accept import rejection_accept
+    from tests.kernels.test_kernels import random_round
+
+    for b, k in ((1, 4), (8, 4), (64, 2)):
+        for one_hot in (False, True):
+            for peaked in (False, True):
+                args = random_round(torch.Generator().manual_seed(b + k + one_hot), b, k, 49152, one_hot, peaked)
+                want = rejection_sample(*args)
+                for _ in range(2):  # the per-row tickets start at zero on every call
+                    got = rejection_accept(*(None if a is None else a.cuda() for a in args))
+                    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
+
+
+def test_next_inputs_compiled_equals_the_reference():
+    from kernels.next_inputs import next_inputs, next_inputs_reference
+    from tests.kernels.test_kernels import chained_round
+
+    for r, k, padding in ((1, 4, 0), (8, 4, 3), (4, 0, 1)):
+        inputs, kv, committed, accepted, drafts = (None if t is None else t.cuda()
+                                                   for t in chained_round(torch.Generator().manual_seed(r), r, k, padding))
+        want = next_inputs_reference(inputs, kv, committed, accepted, drafts)
+        next_inputs(inputs, kv, committed, accepted, drafts)
+        assert torch.equal(inputs, want[0]) and torch.equal(kv, want[1])

@@ -18,9 +18,9 @@ from engine.kv_cache import BlockAllocator
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID, greedy_verify, rejection_sample
 from kernels.greedy_accept import greedy_accept, greedy_accept_reference
 from kernels.kv_slots import MAX_BATCH, MAX_BLOCK_T, PAD_SLOT_ID, kv_slots, kv_slots_reference
-from kernels.next_inputs import BLOCK_B, next_inputs, next_inputs_reference
-from kernels.rejection_accept import (MAX_BLOCK_V, rejection_accept, rejection_accept_reference, sample_final,
-                                      sample_final_reference)
+from kernels.next_inputs import next_inputs, next_inputs_reference
+from kernels.rejection_accept import BLOCK as REJECTION_BLOCK
+from kernels.rejection_accept import rejection_accept, rejection_accept_reference
 
 P = PLACEHOLDER_TOKEN_ID
 REPO = Path(__file__).resolve().parents[2]
@@ -103,76 +103,84 @@ def test_greedy_accept_empty_batch_and_strided_inputs():
 
 # ------------------------------------------------------------------------------------ rejection
 
-@pytest.mark.parametrize("b,k", [(1, 1), (16, 1), (40, 5)])
-def test_rejection_accept_random_batches(b, k):
-    gen = torch.Generator().manual_seed(2000 * b + k)
-    p = torch.rand(b, k, generator=gen)
-    q = torch.where(torch.rand(b, k, generator=gen) < 0.3, 1.0, torch.rand(b, k, generator=gen))  # some one-hot
-    u = torch.rand(b, k, generator=gen) * 0.6  # accept often enough for long prefixes
+def random_round(gen: torch.Generator, b: int, k: int, v: int, one_hot: bool, peaked: bool = False):
+    """A sampled round's inputs: drafts (placeholders past num_draft), target and draft distributions, coins.
+    ``peaked``: distributions concentrated on a few tokens, drafts mostly on them, so long prefixes are
+    accepted and residuals vanish often (p == q where the two agree)."""
+    scale = 6.0 if peaked else 1.0
+    target_probs = torch.softmax(torch.randn(b, k + 1, v, generator=gen) * scale, -1)
+    draft_probs = None if one_hot else torch.softmax(torch.randn(b, k, v, generator=gen) * scale, -1)
+    if peaked and draft_probs is not None:  # some rows' q equal to p: their residual is all zero
+        same = torch.rand(b, generator=gen) < 0.3
+        draft_probs[same] = target_probs[same, :k]
     num_draft = torch.randint(0, k + 1, (b,), generator=gen)
-    assert_equal(rejection_accept(p, q, u, num_draft), rejection_accept_reference(p, q, u, num_draft))
+    top = target_probs[:, :k].argmax(-1)
+    drafts = torch.where(torch.rand(b, k, generator=gen) < (0.8 if peaked else 0.3), top,
+                         torch.randint(0, v, (b, k), generator=gen))
+    drafts = torch.where(torch.arange(k) < num_draft.unsqueeze(1), drafts, P)
+    uniforms = torch.rand(b, k, generator=gen)
+    noise = torch.empty(b, v).exponential_(generator=gen)
+    return drafts, num_draft, target_probs, draft_probs, uniforms, noise
+
+
+@pytest.mark.parametrize("b,k,v", [(1, 1, 7), (24, 4, 12), (9, 3, 2 * REJECTION_BLOCK + 100), (6, 0, 50)])
+@pytest.mark.parametrize("one_hot", [False, True])
+@pytest.mark.parametrize("peaked", [False, True])
+def test_rejection_accept_equals_the_reference_and_the_engines_torch_steps(b, k, v, one_hot, peaked):
+    gen = torch.Generator().manual_seed(1000 * b + 10 * k + v + one_hot + 2 * peaked)
+    args = random_round(gen, b, k, v, one_hot, peaked)
+    got = rejection_accept(*args)
+    assert_equal(got, rejection_accept_reference(*args))
+    assert_equal(got, rejection_sample(*args))
 
 
 def test_rejection_accept_edge_cases():
-    p = torch.tensor([[0.5, 0.9, 0.9], [0.0, 0.9, 0.9], [0.9, 0.9, 0.9], [0.9, 0.9, 0.9], [0.2, 0.2, 0.0]])
-    q = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0], [0.25, 0.25, 1.0]])
-    u = torch.tensor([[0.5, 0.1, 0.1], [0.0, 0.1, 0.1], [0.9, 0.9, 0.9], [0.1, 0.1, 0.1], [0.8, 0.7, 0.1]])
-    num_draft = T([3, 3, 5, 0, 3])
-    # row 0: u*q == p is a rejection; row 1: p == 0 never accepts, not even u == 0;
-    # row 2: all accepted (num_draft past K counts as K); row 3: no drafts;
-    # row 4: 0.8 * 0.25 == 0.2 in float32, a rejection again
-    want = rejection_accept_reference(p, q, u, num_draft)
-    assert want.tolist() == [0, 0, 3, 0, 0]
-    assert_equal(rejection_accept(p, q, u, num_draft), want)
-
-
-@pytest.mark.parametrize("one_hot_drafts", [False, True])
-def test_rejection_accept_matches_rejection_sample(one_hot_drafts):
-    # p_draft, q_draft gathered from full distributions decide exactly as rejection_sample does
-    gen = torch.Generator().manual_seed(3 + one_hot_drafts)
-    b, k, v = 24, 4, 12
-    target_probs = torch.softmax(torch.randn(b, k + 1, v, generator=gen), -1)
-    draft_probs = None if one_hot_drafts else torch.softmax(torch.randn(b, k, v, generator=gen), -1)
-    num_draft = torch.randint(0, k + 1, (b,), generator=gen)
-    drafts = torch.randint(0, v, (b, k), generator=gen)
-    drafts = torch.where(torch.arange(k) < num_draft.unsqueeze(1), drafts, P)
-    uniforms = torch.rand(b, k, generator=gen) * 0.3
-    noise = torch.empty(b, v).exponential_(generator=gen)
-    _, want = rejection_sample(drafts, num_draft, target_probs, draft_probs, uniforms, noise)
-    ids = drafts.clamp(min=0).unsqueeze(-1)
-    p_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)
-    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, ids).squeeze(-1)
-    assert_equal(rejection_accept(p_draft, q_draft, uniforms, num_draft), want)
-
-
-@pytest.mark.parametrize("b,n,v", [(5, 1, 1), (9, 3, 7), (6, 4, 2 * MAX_BLOCK_V + 100)])
-def test_sample_final_random(b, n, v):
-    gen = torch.Generator().manual_seed(b * n + v)
-    dist = torch.rand(b, n, v, generator=gen) * (torch.rand(b, n, v, generator=gen) < 0.5)  # some zeros
-    noise = torch.empty(b, v).exponential_(generator=gen)
-    position = torch.randint(0, n, (b,), generator=gen)
-    assert_equal(sample_final(dist, position, noise), sample_final_reference(dist, position, noise))
-
-
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter's numpy on x / 0
-def test_sample_final_ties_infinities_and_strides():
-    v = 2 * MAX_BLOCK_V + 100
-    b, n = 5, 2
-    big = torch.zeros(b, n, v + 9)
-    dist = big[:, :, 3:3 + v]  # strided: rows longer than v
+    v = 2 * REJECTION_BLOCK + 100
+    b, k = 6, 2
+    target = torch.zeros(b, k + 1, v)
+    draft = torch.zeros(b, k, v)
+    drafts = T([[5, 6], [5, 6], [5, P], [5, 6], [5, 6], [5, 6]])
+    num_draft = T([2, 2, 1, 2, 2, 2])
+    uniforms = torch.full((b, k), 0.5)
     noise = torch.ones(b, v)
-    dist[0, 1, [MAX_BLOCK_V + 5, 2 * MAX_BLOCK_V + 1]] = 1.0     # tie across blocks: the lower index wins
-    dist[1, 1, [7, 8, MAX_BLOCK_V + 7]] = 1.0                    # tie in one block and the same lane
-    dist[2, 0, [40, 50]] = 0.5
-    noise[2, [40, 50]] = 0.0                                     # two +inf scores: the first wins
-    # row 3: an all-zero distribution -> index 0, as torch's argmax
-    dist[4, 0, v - 1] = 1.0                                      # the very last entry
-    position = T([1, 1, 0, 1, 0])
-    got = sample_final(dist, position, noise)
-    assert got.tolist() == [MAX_BLOCK_V + 5, 7, 40, 0, v - 1]
-    assert_equal(got, sample_final_reference(dist, position, noise))
-    noise_t = noise.t().contiguous().t()
-    assert_equal(sample_final(dist, position, noise_t), got)
+    # row 0: draft 5 rejected (p 0.25 < u q 0.5); residual 0.75 at 1 and at 2 * BLOCK + 1 (a tie across
+    #   programs): the lower index is recovered
+    target[0, 0, [5, 1, 2 * REJECTION_BLOCK + 1]] = torch.tensor([0.25, 0.375, 0.375])
+    draft[0, 0, 5] = 1.0
+    # row 1: both accepted (p == q == 1), the bonus token from p at position 2
+    target[1, 0, 5] = target[1, 1, 6] = draft[1, 0, 5] = draft[1, 1, 6] = 1.0
+    target[1, 2, REJECTION_BLOCK + 3] = 1.0
+    # row 2: one draft, accepted; n == num_draft < K: the bonus comes from p at position 1 (a tie of 6 and 9:
+    #   6), not from the residual max(0, p - q) (9)
+    target[2, 0, 5] = draft[2, 0, 5] = 1.0
+    target[2, 1, [6, 9]] = 0.5
+    draft[2, 1, 6] = 1.0
+    # row 3: rejected where p == q (u * q == p is a rejection): the residual vanishes, the draw is from p
+    target[3, 0, [5, 7]] = draft[3, 0, [5, 7]] = 0.5
+    uniforms[3, 0] = 1.0
+    # row 4: the exponential race, not the largest probability: noise makes index 40 win
+    target[4, 0, [5, 30, 40]] = torch.tensor([0.0, 0.6, 0.4])
+    draft[4, 0, 5] = 1.0
+    noise[4, 30] = 4.0
+    # row 5: the last vocabulary entry
+    target[5, 0, [5, v - 1]] = torch.tensor([0.1, 0.9])
+    draft[5, 0, 5] = 1.0
+    args = (drafts, num_draft, target, draft, uniforms, noise)
+    out, n = rejection_accept(*args)
+    assert n.tolist() == [0, 2, 1, 0, 0, 0]
+    assert out.tolist() == [[1, P, P], [5, 6, REJECTION_BLOCK + 3], [5, 6, P], [5, P, P], [40, P, P],
+                            [v - 1, P, P]]
+    assert_equal((out, n), rejection_accept_reference(*args))
+    assert_equal((out, n), rejection_sample(*args))
+
+
+def test_rejection_accept_reads_strided_columns_of_the_rounds_inputs():
+    # as the fused round passes them: drafts and num_draft are columns of its [R, k + 2] inputs
+    gen = torch.Generator().manual_seed(5)
+    drafts, num_draft, target, draft, uniforms, noise = random_round(gen, 8, 3, 40, one_hot=False, peaked=True)
+    inputs = torch.cat([torch.zeros(8, 1, dtype=torch.long), drafts, num_draft[:, None]], dim=1)
+    got = rejection_accept(inputs[:, 1:4], inputs[:, 4], target, draft, uniforms, noise)
+    assert_equal(got, rejection_sample(drafts, num_draft, target, draft, uniforms, noise))
 
 
 # ------------------------------------------------------------------------------------ kv slots
@@ -236,25 +244,41 @@ def test_kv_slots_large_batch_of_decode_rows():
 
 # ------------------------------------------------------------------------------------ next inputs
 
-@pytest.mark.parametrize("b,k", [(1, 1), (BLOCK_B + 20, 4)])
-def test_next_inputs_after_greedy_accept(b, k):
-    gen = torch.Generator().manual_seed(b + k)
-    drafts, num_draft, target = random_drafts(gen, b, k, vocab=3)
-    out, num_accepted = greedy_accept(drafts, num_draft, target)
-    seq_lens = torch.randint(1, 500, (b,), generator=gen)
-    last_token, new_seq_lens = next_inputs(out, num_accepted, seq_lens)
-    assert_equal((last_token, new_seq_lens), next_inputs_reference(out, num_accepted, seq_lens))
-    # the host-side view of the same round: commit row[: a + 1]
-    for row, a, n, t, m in zip(out.tolist(), num_accepted.tolist(), seq_lens.tolist(), last_token.tolist(),
-                               new_seq_lens.tolist()):
-        committed = row[: a + 1]
-        assert P not in committed and t == committed[-1] and m == n + len(committed)
+def chained_round(gen: torch.Generator, r: int, k: int, padding: int):
+    """A fused round's buffers after its verdict: inputs [R, k + 2] and KV lengths (the last ``padding`` rows
+    padding, holding exactly k + 1 tokens), the committed tokens and accepted counts of greedy acceptance, and
+    the drafter's next drafts."""
+    drafts, num_draft, target = random_drafts(gen, r, k, vocab=3)
+    inputs = torch.cat([torch.randint(0, 50, (r, 1), generator=gen), drafts, num_draft[:, None]], dim=1)
+    kv = torch.randint(k + 2, 400, (r,), generator=gen)
+    kv[r - padding:] = k + 1
+    committed, accepted = (t.contiguous() for t in greedy_accept_reference(drafts, num_draft, target))
+    next_drafts = torch.randint(0, 50, (r, k), generator=gen) if k else None
+    return inputs, kv, committed, accepted, next_drafts
 
 
-def test_next_inputs_all_accepted_and_none():
-    out = T([[5, 6, 7, 8], [1, P, P, P]])
-    got = next_inputs(out, T([3, 0]), T([10, 20]))
-    assert_equal(got, (T([8, 1]), T([14, 21])))
+@pytest.mark.parametrize("r,k,padding", [(1, 4, 0), (8, 4, 3), (16, 1, 5), (4, 0, 1)])
+def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, padding):
+    from types import SimpleNamespace
+
+    from engine.fused_round import FusedRounds
+
+    inputs, kv, committed, accepted, next_drafts = chained_round(torch.Generator().manual_seed(r + k), r, k, padding)
+    want = next_inputs_reference(inputs, kv, committed, accepted, next_drafts)
+    got_inputs, got_kv = inputs.clone(), kv.clone()
+    next_inputs(got_inputs, got_kv, committed, accepted, next_drafts)
+    assert_equal((got_inputs, got_kv), want)
+    # the fused round's own torch steps (its CPU path) leave the graph's buffers the same way
+    g = SimpleNamespace(inputs=inputs.clone(), attn=SimpleNamespace(kv_lens=kv.clone()))
+    FusedRounds._chain(SimpleNamespace(k=k), g, committed, accepted, next_drafts, None)
+    assert_equal((g.inputs, g.attn.kv_lens), want)
+    # live rows: t0 is the last committed token, the drafts the next ones, the length grown by the committed
+    for b in range(r - padding):
+        a = int(accepted[b])
+        assert int(got_inputs[b, 0]) == int(committed[b, a]) and int(got_kv[b]) == int(kv[b]) + a + 1
+        assert got_inputs[b, 1:k + 1].tolist() == ([] if next_drafts is None else next_drafts[b].tolist())
+    assert_equal((got_inputs[r - padding:], got_kv[r - padding:]), (inputs[r - padding:], kv[r - padding:]))
+    assert_equal(got_inputs[:, k + 1], inputs[:, k + 1])  # how many drafts to verify: untouched
 
 
 # ------------------------------------------------------------------------------------ wrappers
@@ -265,13 +289,9 @@ def _greedy_args(**over):
 
 
 def _rejection_args(**over):
-    args = dict(p_draft=torch.ones(1, 2), q_draft=torch.ones(1, 2), uniforms=torch.zeros(1, 2), num_draft=T([2]))
+    args = dict(draft_token_ids=T([[1, 2]]), num_draft=T([2]), target_probs=torch.ones(1, 3, 4) / 4,
+                draft_probs=torch.ones(1, 2, 4) / 4, uniforms=torch.zeros(1, 2), noise=torch.ones(1, 4))
     return rejection_accept, {**args, **over}
-
-
-def _sample_args(**over):
-    args = dict(dist=torch.ones(1, 2, 3), position=T([0]), noise=torch.ones(1, 3))
-    return sample_final, {**args, **over}
 
 
 def _slots_args(**over):
@@ -280,7 +300,8 @@ def _slots_args(**over):
 
 
 def _next_args(**over):
-    args = dict(output_ids=T([[1, 2]]), num_accepted=T([1]), seq_lens=T([3]))
+    args = dict(inputs=T([[1, 2, 1]]), kv_lens=T([5]), committed=T([[2, 3]]), num_accepted=T([1]),
+                next_drafts=T([[4]]))
     return next_inputs, {**args, **over}
 
 
@@ -291,15 +312,17 @@ BAD_ARGS = {
     "greedy_num_draft_shape": (_greedy_args(num_draft=T([2, 2])), "num_draft"),
     "greedy_target_shape": (_greedy_args(target_argmax=T([[1, 2]])), "target_argmax"),
     "greedy_target_device": (_greedy_args(target_argmax=T([[1, 2, 3]]).to(META)), "target_argmax"),
-    "rejection_p_dtype": (_rejection_args(p_draft=torch.ones(1, 2, dtype=torch.float64)), "p_draft"),
-    "rejection_q_shape": (_rejection_args(q_draft=torch.ones(1, 3)), "q_draft"),
-    "rejection_uniforms_dtype": (_rejection_args(uniforms=torch.zeros(1, 2, dtype=torch.float16)), "uniforms"),
+    "rejection_drafts_dtype": (_rejection_args(draft_token_ids=T([[1, 2]]).int()), "draft_token_ids"),
     "rejection_num_draft_dtype": (_rejection_args(num_draft=T([2]).int()), "num_draft"),
+    "rejection_target_shape": (_rejection_args(target_probs=torch.ones(1, 2, 4)), "target_probs"),
+    "rejection_target_dtype": (_rejection_args(target_probs=torch.ones(1, 3, 4, dtype=torch.float64)),
+                               "target_probs"),
+    "rejection_target_empty": (_rejection_args(target_probs=torch.ones(1, 3, 0), draft_probs=None,
+                                               noise=torch.ones(1, 0)), "target_probs"),
+    "rejection_draft_shape": (_rejection_args(draft_probs=torch.ones(1, 2, 5)), "draft_probs"),
+    "rejection_uniforms_dtype": (_rejection_args(uniforms=torch.zeros(1, 2, dtype=torch.float16)), "uniforms"),
+    "rejection_noise_shape": (_rejection_args(noise=torch.ones(1, 3)), "noise"),
     "rejection_not_a_tensor": (_rejection_args(uniforms=[[0.0, 0.0]]), "uniforms"),
-    "sample_dist_rank": (_sample_args(dist=torch.ones(1, 3)), "dist"),
-    "sample_dist_empty": (_sample_args(dist=torch.ones(1, 0, 3)), "dist"),
-    "sample_position_dtype": (_sample_args(position=T([0]).int()), "position"),
-    "sample_noise_shape": (_sample_args(noise=torch.ones(1, 4)), "noise"),
     "slots_table_dtype": (_slots_args(block_tables=torch.zeros(1, 2, dtype=torch.int64)), "block_tables"),
     "slots_start_shape": (_slots_args(start=T([0, 0])), "start"),
     "slots_cu_q_shape": (_slots_args(cu_q=T([1])), "cu_q"),
@@ -309,9 +332,13 @@ BAD_ARGS = {
     "slots_batch_too_large": (_slots_args(block_tables=torch.zeros(MAX_BATCH + 1, 2, dtype=torch.int32),
                                           start=torch.zeros(MAX_BATCH + 1, dtype=torch.long),
                                           cu_q=torch.zeros(MAX_BATCH + 2, dtype=torch.long)), "block_tables"),
-    "next_output_dtype": (_next_args(output_ids=T([[1, 2]]).int()), "output_ids"),
+    "next_committed_dtype": (_next_args(committed=T([[2, 3]]).int()), "committed"),
+    "next_inputs_shape": (_next_args(inputs=T([[1, 2]])), "inputs"),
+    "next_kv_lens_device": (_next_args(kv_lens=T([5]).to(META)), "kv_lens"),
     "next_num_accepted_shape": (_next_args(num_accepted=T([[1]])), "num_accepted"),
-    "next_seq_lens_device": (_next_args(seq_lens=T([3]).to(META)), "seq_lens"),
+    "next_drafts_shape": (_next_args(next_drafts=T([[4, 5]])), "next_drafts"),
+    "next_drafts_missing": (_next_args(next_drafts=None), "next_drafts"),
+    "next_inputs_strided": (_next_args(inputs=T([[1, 9, 2, 9, 1, 9]])[:, ::2]), "inputs"),
 }
 
 
@@ -326,8 +353,8 @@ def test_cpu_tensors_without_interpreter_raise():
     # a fresh interpreter without TRITON_INTERPRET: the kernels compile for CUDA and refuse CPU tensors
     script = """
 import torch
-from tests.kernels.test_kernels import _greedy_args, _next_args, _rejection_args, _sample_args, _slots_args
-for make in (_greedy_args, _rejection_args, _sample_args, _slots_args, _next_args):
+from tests.kernels.test_kernels import _greedy_args, _next_args, _rejection_args, _slots_args
+for make in (_greedy_args, _rejection_args, _slots_args, _next_args):
     fn, kwargs = make()
     try:
         fn(**kwargs)
