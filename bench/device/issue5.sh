@@ -30,6 +30,10 @@
 # J (fused rounds launched ahead): the GPU graph tests, then tandem bench at batch 1 and 4 (HumanEval, greedy, 32
 #    prompts) after a warm-up pass, and the same with --pipeline-max-batch 0 (every round read before the next).
 # K (sampled rounds launched ahead too): the GPU graph and sampling tests, then J's two benches at temperature 0.7.
+# L (the open batch-64 question, bench/RESULTS.md): plain decoding at batch 64 long enough to outlast the
+#    captures (HumanEval, greedy, 128 prompts: two full waves, 256 new tokens) after a warm-up pass, three times; with BASE=DIR the
+#    same in that tree (alternate the two in calls of one lease).
+# The kernels and rounds of a tree: F (GPU tests, round profiles, bench at batch 1 and 4, T 0 and 0.7).
 # torch attention for prompts (no flashinfer JIT on a fresh machine); every step has its own time limit.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -52,7 +56,16 @@ warm_bench() {  # warm-up seconds, warm-up prompts, seconds ($MAIN_S overrides),
   echo "warm-up pass done at $SECONDS s"
   bench "${MAIN_S:-$3}" "$4" "${@:6}" --num-prompts "$5"
 }
-if [ "${PART:-A}" = K ]; then
+if [ "${PART:-A}" = L ]; then
+  tests_or_base 200 tests/gpu/test_gpu_kernels.py
+  OUT_MAIN=$OUT; OUT=/tmp/warm; mkdir -p $OUT
+  bench 100 warm --drafts none --baselines none --temperatures 0 --dataset humaneval --batch-sizes 64 \
+    --num-prompts 64 --max-tokens 24 > /dev/null; OUT=$OUT_MAIN
+  for i in 1 2 3; do
+    bench 150 "$name-bs64-plain-$i" --drafts none --baselines none --temperatures 0 --dataset humaneval \
+      --batch-sizes 64 --num-prompts 128 --max-tokens 256
+  done
+elif [ "${PART:-A}" = K ]; then
   tests_or_base 300 tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py
   warm_bench 100 16 150 "$name-sampled-bs1-4" 32 --drafts none,auto --baselines none --temperatures 0.7 \
     --dataset humaneval --batch-sizes 1,4
