@@ -174,6 +174,26 @@ def test_rejection_accept_edge_cases():
     assert_equal((out, n), rejection_sample(*args))
 
 
+def test_rejection_accept_decisions_at_the_boundaries():
+    # p(d_j) and q(d_j) per row (the drafts are token 1 at every position; token 0 holds the rest of the mass)
+    p = torch.tensor([[0.5, 0.9, 0.9], [0.0, 0.9, 0.9], [0.9, 0.9, 0.9], [0.9, 0.9, 0.9], [0.2, 0.2, 0.0]])
+    q = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0], [0.25, 0.25, 1.0]])
+    u = torch.tensor([[0.5, 0.1, 0.1], [0.0, 0.1, 0.1], [0.9, 0.9, 0.9], [0.1, 0.1, 0.1], [0.8, 0.7, 0.1]])
+    num_draft = T([3, 3, 5, 0, 3])
+    # row 0: u*q == p is a rejection; row 1: p == 0 never accepts, not even u == 0;
+    # row 2: all accepted (num_draft past K counts as K); row 3: no drafts;
+    # row 4: 0.8 * 0.25 == 0.2 in float32, a rejection again
+    target = torch.zeros(5, 4, 3)
+    target[:, :3, 1], target[:, :3, 0], target[:, 3, 2] = p, 1 - p, 1.0
+    draft = torch.zeros(5, 3, 3)
+    draft[:, :, 1], draft[:, :, 0] = q, 1 - q
+    drafts = torch.where(torch.arange(3) < num_draft[:, None], 1, P)
+    args = (drafts, num_draft, target, draft, u, torch.ones(5, 3))
+    out, n = rejection_accept(*args)
+    assert n.tolist() == [0, 0, 3, 0, 0]
+    assert_equal((out, n), rejection_sample(*args))
+
+
 def test_rejection_accept_reads_strided_columns_of_the_rounds_inputs():
     # as the fused round passes them: drafts and num_draft are columns of its [R, k + 2] inputs
     gen = torch.Generator().manual_seed(5)
