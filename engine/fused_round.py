@@ -373,14 +373,14 @@ class FusedRounds:
         tokens committed. Padding rows (KV length exactly k + 1) stay as they are. On CUDA all but the q is one
         launch (``kernels.next_inputs``), else the torch steps below."""
         k, kv = self.k, g.attn.kv_lens                                          # [R]
-        live = (kv > k + 1)[:, None]                                           # [R, 1]
         if q is not None:                                                      # [R, k, V], before kv moves
-            g.sampling.q_in.copy_(torch.where(live[:, :, None], q, g.sampling.q_in))
+            g.sampling.q_in.copy_(torch.where((kv > k + 1)[:, None, None], q, g.sampling.q_in))
         if ops.use_kernels(kv):  # one launch (kernels.next_inputs, the same steps)
             from kernels.next_inputs import next_inputs
 
             next_inputs(g.inputs, kv, committed, accepted, next_drafts)
             return
+        live = (kv > k + 1)[:, None]                                           # [R, 1]
         nxt = committed.gather(1, accepted[:, None])                           # [R, 1]
         if next_drafts is not None:
             nxt = torch.cat([nxt, next_drafts], dim=1)                         # [R, k + 1]

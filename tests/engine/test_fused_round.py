@@ -33,11 +33,20 @@ def _fused(smollm, draft, k, **kw):
     return dec
 
 
+# different lengths, EOS honoured: rows leave the batch at different rounds
+PARAMS = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((20, 33, 27, 40))]
+
+
+@pytest.fixture(scope="module")
+def plain(smollm, prompts):
+    """The eager engine's plain greedy decoding of PARAMS: what every drafter's rounds must decode."""
+    return make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, PARAMS)
+
+
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
-def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
-    # different lengths, EOS honoured: rows leave the batch at different rounds
-    params = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((20, 33, 27, 40))]
-    want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
+def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, plain, draft, k):
+    params = PARAMS
+    want = plain if k == 0 else make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
     dec = _fused(smollm, draft, k)
     got = dec.generate(prompts, params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
@@ -46,7 +55,6 @@ def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draf
     assert dec.fused._graphs  # the rounds went through the fast path
     if k:
         assert sum(o.accepted for o in got) > 0
-    plain = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
 
 
@@ -72,12 +80,13 @@ def test_requests_join_between_fused_rounds_beside_sampled_ones(smollm, prompts)
 
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
 def test_sampled_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
-    """Seeded sampled requests (temperature alone; top-k and top-p) beside a greedy one, in one batch."""
+    """Seeded sampled requests (temperature alone; top-k and top-p) beside a greedy one, in one batch. A draft LM
+    samples its drafts as the head does (``pick_in_graph``): it takes the filtering round only."""
     params = [SamplingParams(max_tokens=21, ignore_eos=True, temperature=0.8, seed=11),
               SamplingParams(max_tokens=26, ignore_eos=True),
               SamplingParams(max_tokens=19, ignore_eos=True, temperature=1.1, seed=5),
               SamplingParams(max_tokens=23, ignore_eos=True, temperature=0.7, seed=3)]
-    for filters in ({}, {"top_k": 40, "top_p": 0.9}):
+    for filters in ({}, {"top_k": 40, "top_p": 0.9})[1 if draft.startswith("layerskip") else 0:]:
         ps = [p if p.greedy else SamplingParams(**{**p.__dict__, **filters}) for p in params]
         want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, ps)
         dec = _fused(smollm, draft, k)
@@ -148,7 +157,7 @@ def test_the_catch_up_carries_only_the_live_rows_past_the_attention(smollm, prom
 
     dec.fused._compute = counted
     try:
-        dec.generate(prompts[:3], SamplingParams(max_tokens=20, ignore_eos=True))
+        dec.generate(prompts[:3], SamplingParams(max_tokens=12, ignore_eos=True))
     finally:
         hook.remove()
     verify = 0 if draft == "auto" else 1
