@@ -6,6 +6,8 @@ STAMP := $(VENV)/.tandem-setup
 # The CPU build of torch lies on these machines' disk; a plain `torch` would pull a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# pytest workers: one per core of the 2-core CI machine (each loads the model: ~5 GB a worker); 0 runs serially
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-gpu clean
 
@@ -24,7 +26,7 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m protos.generate --check
-	$(BIN)/python -m pytest -q tests --ignore=tests/gpu $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests --ignore=tests/gpu $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from engine.assets import default_model_path
 from engine.config import EngineConfig
@@ -10,6 +13,11 @@ from engine.drafters import DraftSpec, build_drafter
 from engine.models.loader import LoadedModel, load_model
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one pytest worker per core (``make test``: -n 2): a worker's torch takes its one core, not all of them
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
