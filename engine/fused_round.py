@@ -294,7 +294,7 @@ class FusedRounds:
         verifying its full k now and next round (room for two rounds and the drafts after them), and the next
         round's longest row, however many drafts this one accepts, still inside this graph's context bucket."""
         k = self.k
-        return (g.chains and len(rows) <= self.pipeline_rows
+        return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
                 and all(r.num_draft == k and r.room >= 2 * k + 2 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
