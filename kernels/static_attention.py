@@ -196,9 +196,9 @@ def _static_attention_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=live_r[:, None])
     else:
         part = part_ptr + ((b * HKV + h) * SPLITS + split) * BLOCK_M * (D + 2) + r * (D + 2)
-        tl.store(part[:, None] + full[None, :], acc)
-        tl.store(part + D, m_i)
-        tl.store(part + D + 1, l_i)
+        tl.store(part[:, None] + full[None, :], acc, mask=live_r[:, None])  # the group's rows, not the padding
+        tl.store(part + D, m_i, mask=live_r)
+        tl.store(part + D + 1, l_i, mask=live_r)
 
 
 @triton.jit
@@ -208,30 +208,28 @@ def _combine_kernel(
     Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """Merge the splits' partial softmaxes of one (row, KV head) into the output. Every split is loaded
-    at once ([BLOCK_S, BLOCK_M, D]) and reduced across splits: one memory round trip, not one per split
-    (a serial loop over the splits made this launch cost more than the attention itself at batch 1)."""
+    """Merge the splits' partial softmaxes of one query row (row b, KV head h, group row r) into its output.
+    A program per query row, with every split loaded at once ([BLOCK_S, D]) and reduced across splits: one
+    memory round trip of the row's own partials. (A program per (row, KV head) reading all BLOCK_M group rows,
+    padding included, was a 4.7 us launch at batch 1 on the H100: three programs moving 16 rows each.)"""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    r = tl.program_id(2).to(tl.int64)   # token * G + head-in-group, < Q * G
     s = tl.arange(0, BLOCK_S)
-    r = tl.arange(0, BLOCK_M)
     full = tl.arange(0, D)
     live_s = s < SPLITS
-    part = part_ptr + (b * HKV + h) * SPLITS * BLOCK_M * (D + 2) + s[:, None] * BLOCK_M * (D + 2) + r[None, :] * (D + 2)
-    m_s = tl.load(part + D, mask=live_s[:, None], other=float("-inf"))                     # [S, M]
-    l_s = tl.load(part + D + 1, mask=live_s[:, None], other=0.0)                           # [S, M]
-    acc_s = tl.load(part[:, :, None] + full[None, None, :], mask=live_s[:, None, None], other=0.0)  # [S, M, D]
-    m = tl.max(m_s, axis=0)                                                                # [M]
+    part = part_ptr + ((b * HKV + h) * SPLITS + s) * BLOCK_M * (D + 2) + r * (D + 2)          # [S]
+    m_s = tl.load(part + D, mask=live_s, other=float("-inf"))                                  # [S]
+    l_s = tl.load(part + D + 1, mask=live_s, other=0.0)                                        # [S]
+    acc_s = tl.load(part[:, None] + full[None, :], mask=live_s[:, None], other=0.0)            # [S, D]
+    m = tl.max(m_s, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    c = tl.exp(m_s - m_safe[None, :])                                                      # [S, M]
+    c = tl.exp(m_s - m_safe)                                                                   # [S]
     l_run = tl.sum(l_s * c, axis=0)
-    acc = tl.sum(acc_s * c[:, :, None], axis=0)                                            # [M, D]
-    live_r = r < Q * G
-    o = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    o = tl.sum(acc_s * c[:, None], axis=0) / tl.where(l_run > 0, l_run, 1.0)                   # [D]
     tq = b * Q + r // G
     hq = h * G + r % G
-    dst = out_ptr + (tq[:, None] * (G * HKV) + hq[:, None]) * D + full[None, :]
-    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=live_r[:, None])
+    tl.store(out_ptr + (tq * (G * HKV) + hq) * D + full, o.to(out_ptr.dtype.element_ty))
 
 
 def split_plan(rows: int, kv_heads: int, max_tokens: int) -> tuple[int, int]:
@@ -302,6 +300,6 @@ def static_attention(
         BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
         PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction))
     if splits > 1:
-        _combine_kernel[(b, hkv)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits,
+        _combine_kernel[(b, hkv, q_len * g)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits,
                                   BLOCK_S=pow2_at_least(splits))
     return out
