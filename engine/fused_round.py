@@ -341,12 +341,12 @@ class FusedRounds:
         positions = (kv[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)
         g.attn.prepare()
         hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
-        logits = model.compute_logits(hidden)                                  # [R*(k+1), V] float32
+        logits = model.lm_logits(hidden)                                       # [R*(k+1), V] model dtype
         committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))
         if s is not None:
             s.unpack()
             per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
-            probs = probs_from_logits(logits, *per_position, s.filtered).view(rows, k + 1, -1)
+            probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
             s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise)
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)

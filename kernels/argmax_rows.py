@@ -23,7 +23,7 @@ BLOCK = 2048  # columns per program
 
 
 def argmax_rows_reference(
-    x: torch.Tensor,                   # [R, V] float32
+    x: torch.Tensor,                   # [R, V] float32, bfloat16 or float16
     noise: torch.Tensor | None = None,  # [R, V] float32 > 0
 ) -> torch.Tensor:                     # [R] int64
     return (x if noise is None else x / noise).argmax(dim=-1)
@@ -31,7 +31,7 @@ def argmax_rows_reference(
 
 @triton.jit
 def _argmax_rows_kernel(
-    x_ptr,       # [R, V] float32, row stride stride_x
+    x_ptr,       # [R, V] float32 or 16-bit (compared in float32, which holds it exactly), row stride stride_x
     noise_ptr,   # [R, V] float32, row stride stride_n (unused without HAS_NOISE)
     val_ptr,     # [R, NB] float32 scratch: each program's best value
     idx_ptr,     # [R, NB] int64 scratch: its first index
@@ -46,7 +46,7 @@ def _argmax_rows_kernel(
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < V
-    x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=float("-inf"))
+    x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=float("-inf")).to(tl.float32)
     if HAS_NOISE:
         n = tl.load(noise_ptr + row * stride_n + cols, mask=live, other=1.0)
         x = tl.math.div_rn(x, n)
@@ -65,10 +65,12 @@ def _argmax_rows_kernel(
 
 
 def argmax_rows(
-    x: torch.Tensor,                    # [R, V] float32 (columns contiguous)
+    x: torch.Tensor,                    # [R, V] float32, bfloat16 or float16 (columns contiguous)
     noise: torch.Tensor | None = None,  # [R, V] float32 > 0 (columns contiguous): the exponential race
 ) -> torch.Tensor:                      # [R] int64
-    check_tensor("x", x, torch.float32, (None, None))
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x must be a float32, bfloat16 or float16 tensor, got {getattr(x, 'dtype', type(x))}")
+    check_tensor("x", x, x.dtype, (None, None))
     r, v = x.shape
     dev = x.device
     if v < 1:

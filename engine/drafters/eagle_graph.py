@@ -34,4 +34,4 @@ class EagleProgram(GraphDraftProgram):
         return self.head(tokens, positions, attn, extra, keep)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head.compute_logits(hidden)
+        return self.head.lm_logits(hidden)

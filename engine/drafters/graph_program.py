@@ -69,7 +69,8 @@ class GraphDraftProgram:
         return None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] -> [N, V] float32 over the target's vocabulary."""
+        """[N, H] -> [N, V] over the target's vocabulary, in the model's dtype (a greedy pick's argmax reads
+        it as it is; a sampling round's pick takes it in float32)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ host side
@@ -113,7 +114,7 @@ class GraphDraftProgram:
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if s is None:
             return ops.argmax(logits), None
-        return pick_in_graph(logits, s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j], s.filtered,
+        return pick_in_graph(logits.float(), s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j], s.filtered,
                              self.sampler.top_m)
 
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,

@@ -124,5 +124,5 @@ class ModelProgram(GraphDraftProgram):
         return self.model(tokens, positions, attn, keep)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.sampler.fit_vocab(self.model.compute_logits(hidden))
+        return self.sampler.fit_vocab(self.model.lm_logits(hidden))
 

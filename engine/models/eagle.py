@@ -128,7 +128,11 @@ class EagleHead(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] head outputs -> logits [N, vocab] float32 through the target's LM head."""
-        return self.target.compute_logits(self.norm(hidden))
+        return self.lm_logits(hidden).float()
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """As ``compute_logits``, in the model's dtype (``LlamaForCausalLM.lm_logits``)."""
+        return self.target.lm_logits(self.norm(hidden))
 
 
 def save_eagle(head: EagleHead, directory: Path, extra: dict | None = None) -> None:

@@ -108,8 +108,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> logits [N, vocab] in float32."""
+        return self.lm_logits(hidden).float()
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> logits [N, vocab] in the model's dtype: what an argmax needs (float32 holds
+        every 16-bit value exactly, so the order is the same), without the [N, vocab] float32 copy."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        return torch.nn.functional.linear(hidden, weight)
 
     def truncated(self, num_layers: int) -> "LlamaForCausalLM":
         """A view with the first ``num_layers`` layers, sharing every weight (layer-skip draft)."""

@@ -50,11 +50,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+ARGMAX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what kernels.argmax_rows reads
+
+
 def argmax(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
     """x: [..., V] -> [...] int64, the first index of each row's maximum; with ``noise`` (x's shape) of
-    ``x / noise`` (the exponential race). On CUDA one launch over many programs a row (torch's argmax
+    ``x / noise`` (the exponential race). x float32, or 16-bit as it leaves an LM head. On CUDA one launch over many programs a row (torch's argmax
     reduces a row in one block: ~12 µs over a 49k vocabulary on an H100)."""
-    if use_kernels(x) and x.dtype == torch.float32 and (noise is None or noise.shape == x.shape):
+    if use_kernels(x) and x.dtype in ARGMAX_DTYPES and (noise is None or noise.shape == x.shape):
         from kernels.argmax_rows import argmax_rows
 
         v = x.shape[-1]

@@ -74,6 +74,8 @@ def test_argmax_rows_compiled_equal_torch():
         for _ in range(3):   # the per-row tickets start at zero on every call
             assert torch.equal(argmax_rows(x), argmax_rows_reference(x))
             assert torch.equal(argmax_rows(x, noise), argmax_rows_reference(x, noise))
+        x16 = (x * 4).bfloat16()  # an LM head's bf16 output as the greedy picks read it: the float32 copy's argmax
+        assert torch.equal(argmax_rows(x16), argmax_rows_reference(x16.float()))
 
 
 def test_rejection_accept_compiled_equals_the_torch_steps():

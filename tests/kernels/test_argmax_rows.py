@@ -17,6 +17,19 @@ def test_argmax_and_exponential_race_equal_torch(rows, vocab):
     assert torch.equal(argmax_rows(x, noise), argmax_rows_reference(x, noise))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_rows_as_an_lm_head_leaves_them_equal_their_float32_argmax(dtype):
+    """The engine's greedy picks read the LM head's output in the model's dtype (no float32 copy): the
+    same index as the float32 logits, ties included (16-bit rounding makes many)."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(4, 3 * BLOCK + 7, generator=g) * 4).to(dtype)
+    x[1, [11, BLOCK + 3]] = x[1].max() + 1  # a tie across programs, in 16 bits
+    noise = torch.empty(x.shape).exponential_(generator=g)
+    assert torch.equal(argmax_rows(x), argmax_rows_reference(x.float()))
+    assert argmax_rows(x)[1].item() == 11
+    assert torch.equal(argmax_rows(x, noise), argmax_rows_reference(x.float(), noise))
+
+
 def test_ties_go_to_the_first_index_across_programs_and_infinite_rows_to_zero():
     x = torch.zeros(4, 3 * BLOCK)
     x[0, [BLOCK + 5, 2 * BLOCK + 1]] = 2.0     # a tie in two programs: the lower index
@@ -36,7 +49,7 @@ def test_zero_probabilities_never_win_the_race_and_strided_rows_are_read_in_plac
 
 
 BAD = {
-    "x_dtype": (dict(x=torch.zeros(2, 3, dtype=torch.bfloat16)), "x"),
+    "x_dtype": (dict(x=torch.zeros(2, 3, dtype=torch.float64)), "x"),
     "x_rank": (dict(x=torch.zeros(6)), "x"),
     "x_empty_rows": (dict(x=torch.zeros(2, 0)), "x"),
     "x_strided_columns": (dict(x=torch.zeros(3, 2).t()), "x"),
