@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig, RopeScaling
+from engine.models import ops
 from engine.models.layers import RMSNorm
 from engine.models.llama import DecoderLayer, LlamaForCausalLM
 
@@ -82,8 +83,9 @@ class EagleHead(nn.Module):
         self.config = cfg.layer_config  # what a ModelRunner sizes its KV cache from: one layer
         self.eagle = cfg
         self.fuse = nn.Linear(cfg.aux_size, h, bias=False)
-        self.embed_norm = RMSNorm(h, cfg.target.rms_norm_eps)
-        self.feature_norm = RMSNorm(h, cfg.target.rms_norm_eps)
+        self.eps = cfg.target.rms_norm_eps
+        self.embed_norm = RMSNorm(h, self.eps)
+        self.feature_norm = RMSNorm(h, self.eps)
         self.proj = nn.Linear(2 * h, h, bias=False)
         self.layer = DecoderLayer(self.config, 0)
         self.norm = RMSNorm(h, cfg.target.rms_norm_eps)
@@ -122,7 +124,7 @@ class EagleHead(nn.Module):
         """input_ids, positions: [T]; features: [T, hidden] (f_{p-1} per entry) -> outputs g [T, hidden];
         ``keep`` [N] long: every entry writes its K/V, only these rows go on past the attention -> [N, hidden]."""
         emb = self.target.model.embed_tokens(input_ids)
-        x = self.proj(torch.cat([self.embed_norm(emb), self.feature_norm(features)], dim=-1))
+        x = self.proj(ops.rms_norm_pair(emb, self.embed_norm.weight, features, self.feature_norm.weight, self.eps))
         x, delta = self.layer(x, self.target.model.rotary.lookup(positions), attn, None, keep)
         return x + delta
 

@@ -29,6 +29,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
+def rms_norm_pair(a: torch.Tensor, weight_a: torch.Tensor, b: torch.Tensor, weight_b: torch.Tensor, eps: float
+                  ) -> torch.Tensor:
+    """a, b: [T, D] -> [T, 2D]: rms_norm(a, weight_a) beside rms_norm(b, weight_b) (an EAGLE head's input)."""
+    if use_kernels(a):
+        from kernels.rmsnorm import rmsnorm_pair
+
+        return rmsnorm_pair(a, weight_a, b, weight_b, eps)
+    return torch.cat([rms_norm(a, weight_a, eps), rms_norm(b, weight_b, eps)], dim=-1)
+
+
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, delta: [T, D] -> (x + delta, rms_norm(x + delta)): the residual stream and its normed rows."""

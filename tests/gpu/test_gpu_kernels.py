@@ -43,6 +43,10 @@ def test_add_rmsnorm_and_silu_mul(dtype):
     want_res, want_out = add_rmsnorm_reference(x, d, w, 1e-5)
     assert torch.equal(res, want_res)
     torch.testing.assert_close(out, want_out, **TOL[dtype])
+    from kernels.rmsnorm import rmsnorm, rmsnorm_pair
+
+    pair = rmsnorm_pair(x, w, d, w.flip(0), 1e-5)  # each half is rmsnorm's own launch, bit for bit
+    assert torch.equal(pair, torch.cat([rmsnorm(x, w, 1e-5), rmsnorm(d, w.flip(0), 1e-5)], dim=-1))
     gu = (torch.randn(33, 3072, device="cuda", generator=g) * 3).to(dtype)
     torch.testing.assert_close(silu_mul(gu), silu_mul_reference(gu), **TOL[dtype])
 

@@ -7,7 +7,7 @@ import torch
 
 from engine.config import RopeScaling
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
-from kernels.rmsnorm import rmsnorm, rmsnorm_reference
+from kernels.rmsnorm import rmsnorm, rmsnorm_pair, rmsnorm_pair_reference, rmsnorm_reference
 from kernels.rotary import rotary, rotary_reference
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -43,6 +43,20 @@ def test_rmsnorm_strided_rows_and_empty_batch():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_pair_is_two_rmsnorms_side_by_side(dtype):
+    """An EAGLE head's input: each half is exactly what rmsnorm gives its input (the same arithmetic), the
+    reference is the engine's two norms and a cat; rows may be strided (a slice of a wider activation)."""
+    g = torch.Generator().manual_seed(4)
+    a = (torch.randn(5, 2 * 576, generator=g) * 3).to(dtype)[:, :576]
+    b = (torch.randn(5, 576, generator=g) * 5).to(dtype)
+    wa, wb = (torch.randn(576, generator=g).to(dtype) for _ in range(2))
+    got = rmsnorm_pair(a, wa, b, wb, 1e-5)
+    assert torch.equal(got, torch.cat([rmsnorm(a, wa, 1e-5), rmsnorm(b, wb, 1e-5)], dim=-1))
+    torch.testing.assert_close(got, rmsnorm_pair_reference(a, wa, b, wb, 1e-5), **TOL[dtype])
+    assert rmsnorm_pair(a[:0], wa, b[:0], wb, 1e-5).shape == (0, 2 * 576)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_matches_reference_on_queries_and_keys_viewed_from_a_fused_projection(dtype):
     g = torch.Generator().manual_seed(1)
     t, hq, hkv, d = 5, 9, 3, 64
@@ -59,6 +73,10 @@ def test_rotary_matches_reference_on_queries_and_keys_viewed_from_a_fused_projec
     (lambda: rmsnorm(torch.randn(2, 4), torch.randn(4).double(), 1e-5), "weight must be torch.float32"),
     (lambda: rmsnorm(torch.randn(2, 4), torch.randn(4), 0.0), "eps must be a float > 0"),
     (lambda: rmsnorm(torch.randn(2, 4).long(), torch.randn(4), 1e-5), "x must be float32"),
+    (lambda: rmsnorm_pair(torch.randn(2, 4), torch.randn(4), torch.randn(3, 4), torch.randn(4), 1e-5),
+     "b must have shape \\[2, 4\\]"),
+    (lambda: rmsnorm_pair(torch.randn(2, 4), torch.randn(4), torch.randn(2, 4), torch.randn(4).half(), 1e-5),
+     "weight_b must be torch.float32"),
     (lambda: rotary(torch.randn(2, 3, 5), torch.zeros(2, dtype=torch.long), torch.randn(8, 5)), "even"),
     (lambda: rotary(torch.randn(2, 3, 4), torch.zeros(3, dtype=torch.long), torch.randn(8, 4)),
      "positions must have shape \\[2\\]"),
