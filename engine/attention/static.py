@@ -18,6 +18,7 @@ not spend, and context buckets (``StepGraphs``) keep ``max_blocks`` close to the
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -55,6 +56,13 @@ class StaticAttention:
     @property
     def max_tokens(self) -> int:
         return self.max_blocks * self.cache.block_size
+
+    def with_kv_lens(self, kv_lens: torch.Tensor) -> "StaticAttention":
+        """This bucket (cache, block table, shapes) over other KV lengths: [rows] int64, contiguous (a row of a
+        tensor computed in the graph, e.g. every draft step's lengths at once)."""
+        view = copy.copy(self)
+        view.kv_lens = kv_lens
+        return view
 
     def fits(self, meta: AttentionMetadata) -> bool:
         return (len(meta.q_lens) <= self.rows and all(q == self.q_len for q in meta.q_lens)

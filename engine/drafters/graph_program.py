@@ -52,6 +52,7 @@ class GraphDraftProgram:
         self.step.block_table = self.catch.block_table  # one table serves every forward of the round
         self._rows = torch.arange(rows, device=self.device)
         self._offsets = torch.arange(k + 1, device=self.device)
+        self._steps = torch.arange(1, k, device=self.device)                   # [k - 1] the draft steps
         # [R, k, V] Exponential(1) noise for sampled rows, drawn at [2, R] (seed, draw number)
         self.noise = torch.ones(rows, k, sampler.target_vocab, device=self.device) if sampled else None
         self.draws = torch.zeros(2, rows, dtype=torch.long, device=self.device) if sampled else None
@@ -131,11 +132,13 @@ class GraphDraftProgram:
                          live)                                                  # [R, H]
         d, q = self._pick(self.logits(g), 0, sampling)
         drafts, qs = [d], [q]
-        base = kv - k + num_accepted                                            # entries held through L + a + 1
+        # every draft step's KV lengths in one launch: step j holds entries through L + a + 1 + j
+        lens = (kv - k + num_accepted)[None, :] + self._steps[:, None]         # [k - 1, R]
+        positions = lens - 1                                                    # [k - 1, R] its entry's position
         for j in range(1, k):
-            self.step.kv_lens.copy_(base + j)
-            self.step.prepare()
-            g = self.forward(d, base + j - 1, self.step, g)
+            attn = self.step.with_kv_lens(lens[j - 1])
+            attn.prepare()
+            g = self.forward(d, positions[j - 1], attn, g)
             d, q = self._pick(self.logits(g), j, sampling)
             drafts.append(d)
             qs.append(q)
