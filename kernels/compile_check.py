@@ -12,8 +12,13 @@ import sys
 
 
 def _cases():
-    from kernels import (argmax_rows, fused_norm, greedy_accept, next_inputs, philox, rejection_accept, rmsnorm,
-                         rotary, silu_mul, static_attention)
+    from kernels import (argmax_rows, fused_norm, greedy_accept, l2_prefetch, next_inputs, philox, rejection_accept,
+                         rmsnorm, rotary, silu_mul, static_attention)
+
+    for load in (False, True):
+        yield (f"l2_prefetch load={load}", l2_prefetch._l2_prefetch_kernel,
+               dict(p0="*u8", p1="*u8", p2="*u8", p3="*u8", n0="i32", n1="i32", n2="i32", n3="i32", sink_ptr="*i32"),
+               dict(LINES=l2_prefetch.LINES, UNIT=l2_prefetch.SECTOR if load else l2_prefetch.LINE, LOAD=load))
 
     yield ("greedy_accept", greedy_accept._greedy_accept_kernel,
            dict(draft_ptr="*i64", num_draft_ptr="*i64", target_ptr="*i64", out_ptr="*i64", num_accepted_ptr="*i64",
@@ -64,6 +69,9 @@ def _cases():
         yield (f"rmsnorm {dt}", rmsnorm._rmsnorm_kernel,
                dict(x_ptr=f"*{dt}", w_ptr=f"*{dt}", out_ptr=f"*{dt}", stride_x="i32", D="i32", eps="fp32"),
                dict(BLOCK=1024))
+        yield (f"rmsnorm_pair {dt}", rmsnorm._rmsnorm_pair_kernel,
+               dict(a_ptr=f"*{dt}", wa_ptr=f"*{dt}", b_ptr=f"*{dt}", wb_ptr=f"*{dt}", out_ptr=f"*{dt}",
+                    stride_a="i32", stride_b="i32", D="i32", eps="fp32"), dict(BLOCK=1024))
         yield (f"silu_mul {dt}", silu_mul._silu_mul_kernel,
                dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", stride_x="i32", I="i32"), dict(BLOCK=silu_mul.BLOCK))
         yield (f"rotary {dt}", rotary._rotary_kernel,
