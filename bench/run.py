@@ -131,7 +131,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
-            "pipeline_max_batch": cfg.pipeline_rows, "l2_prefetch": cfg.use_l2_prefetch,
+            "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, and launched ahead but dropped unread (wasted)
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
             "fused_rounds_run": sum(f.rounds for f in fused),

@@ -225,8 +225,6 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="--round: the requests' temperature (0: greedy)")
     p.add_argument("--prefill", metavar="LENS", help="comma-separated prompt lengths: time a new request's first round")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
-    p.add_argument("--no-l2-prefetch", action="store_true",
-                   help="no L2 prefetch of each next layer's weights (engine/models/prefetch.py; default on)")
     p.add_argument("--eager-prefill", action="store_true",
                    help="--prefill: the eager path (no prefill graphs), the engine before engine/prefill_graphs.py")
     p.add_argument("--model", help="target (default: SmolLM2-135M-Instruct)")
@@ -234,8 +232,6 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.step_profile: needs a CUDA device")
-    if args.no_l2_prefetch:  # every runner below built without it, as --no-l2-prefetch builds them
-        mock.patch.object(EngineConfig, "use_l2_prefetch", property(lambda self: False)).start()
     from engine.assets import default_model_path
 
     model = load_model(args.model or default_model_path(), device="cuda", dtype=torch.bfloat16, progress=False)
@@ -283,8 +279,7 @@ def main() -> None:
                     print(f"    {k['ms']:8.4f} ms  x{k['count']:4d}  {k['kernel'][:70]}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "l2_prefetch": not args.no_l2_prefetch, "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

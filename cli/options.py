@@ -48,9 +48,6 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
                    help="while at most N requests run a fused round, launch the next round before reading this one "
                         "(its inputs chained on the GPU), so the host's work on a round overlaps the GPU's next one; "
                         "0 turns it off (default: 8 where rounds run as captured CUDA graphs, else 0)")
-    g.add_argument("--no-l2-prefetch", action="store_true",
-                   help="do not pull each next decoder layer's weights into L2 on a side stream while a layer runs "
-                        "(default: on for cuda; it changes no output, only how long a forward waits on memory)")
 
 
 def _limit(text: str) -> int | None:
@@ -87,8 +84,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=False if getattr(args, "enforce_eager", False) else None,
                         fused_rounds=False if getattr(args, "no_fused_rounds", False) else None,
                         spec_max_batch=getattr(args, "spec_max_batch", 3),
-                        pipeline_max_batch=getattr(args, "pipeline_max_batch", None),
-                        l2_prefetch=False if getattr(args, "no_l2_prefetch", False) else None)
+                        pipeline_max_batch=getattr(args, "pipeline_max_batch", None))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

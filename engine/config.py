@@ -118,9 +118,6 @@ class EngineConfig:
     # inputs chained on the device (engine/fused_round.py: the host's work overlaps the GPU's); 0: never; None: 8
     # where rounds are captured (cuda), 0 where they run eagerly
     pipeline_max_batch: int | None = None
-    # each decoder layer's projection weights pulled into L2 on a side stream while the layer before runs
-    # (engine/models/prefetch.py); None: on for cuda
-    l2_prefetch: bool | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -165,13 +162,6 @@ class EngineConfig:
         if self.pipeline_max_batch is not None:
             return self.pipeline_max_batch
         return 8 if self.use_fused_rounds and self.device.startswith("cuda") else 0
-
-    @property
-    def use_l2_prefetch(self) -> bool:
-        """Whether a target's forward prefetches each next layer's weights into L2 (CUDA only)."""
-        if self.l2_prefetch is not None:
-            return self.l2_prefetch and self.device.startswith("cuda")
-        return self.device.startswith("cuda")
 
     @property
     def attention_backend(self) -> str:

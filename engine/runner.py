@@ -20,7 +20,6 @@ from engine.config import EngineConfig
 from engine.graphs import StepGraphs, forward
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
-from engine.models.prefetch import LayerPrefetch
 from engine.prefill_graphs import PrefillGraphs
 
 # A round with at most this many prompt chunks runs each through its prefill graph (~4 ms apiece on an
@@ -55,8 +54,6 @@ class ModelRunner:
                                   config.torch_dtype, self.device)
         self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
         self.vocab_size = cfg.vocab_size
-        if isinstance(model, LlamaForCausalLM):  # this runner's choice, also where an earlier one shared the model
-            model.model.prefetch = LayerPrefetch(model.model.layers, self.device) if config.use_l2_prefetch else None
         self.graphs: StepGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None  # a lone long chunk (a prompt), padded to a bucket
         if config.use_cuda_graphs:

@@ -56,8 +56,6 @@ class EngineSettings(ServerSettings):
     pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most this many requests "
                                             "launch the next round before this one is read (0: never; none: 8 "
                                             "where rounds are captured CUDA graphs)")
-    l2_prefetch: bool = Field(True, description="pull each next decoder layer's weights into L2 on a side stream "
-                                                "while a layer runs (cuda only; changes no output)")
 
     @model_validator(mode="after")
     def _k_within_max(self):
@@ -74,8 +72,7 @@ class EngineSettings(ServerSettings):
                             max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m,
                             max_round_tokens=self.max_round_tokens,
                             cuda_graphs=False if self.enforce_eager else None, spec_max_batch=self.spec_max_batch,
-                            pipeline_max_batch=self.pipeline_max_batch,
-                            l2_prefetch=None if self.l2_prefetch else False)
+                            pipeline_max_batch=self.pipeline_max_batch)
 
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:

@@ -14,7 +14,6 @@ from torch import nn
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
-from engine.models.prefetch import LayerPrefetch
 
 
 class Attention(nn.Module):
@@ -66,8 +65,6 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    prefetch: LayerPrefetch | None = None  # set by the runner where it pays (CUDA inference): engine/models/prefetch.py
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -103,15 +100,10 @@ class LlamaForCausalLM(nn.Module):
         x, delta = m.embed_tokens(input_ids), None
         aux = []
         rope = m.rotary.lookup(positions)
-        prefetch = m.prefetch if m.prefetch is not None and not torch.is_grad_enabled() else None
         for i, layer in enumerate(m.layers):
-            if prefetch is not None:
-                prefetch.enter(i)
             x, delta = layer(x, rope, attn, delta, keep if i == last else None)
             if i in aux_layers:
                 aux.append(x + delta)  # the residual stream after layer i
-        if prefetch is not None:
-            prefetch.join()
         return m.norm.add(x, delta)[1], (torch.cat(aux, dim=-1) if aux_layers else None)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -100,19 +100,3 @@ def test_kept_rows_go_on_past_the_last_attention_and_every_token_writes_its_kv(s
     assert torch.equal(a.cache.k, b.cache.k) and torch.equal(a.cache.v, b.cache.v)
     with pytest.raises(ValueError, match="aux_layers"):
         smollm.model.forward_aux(torch.tensor(ids), torch.arange(len(ids)), a.attention, (29,), keep)
-
-
-def test_l2_prefetch_is_a_cuda_choice_made_at_startup():
-    """engine/models/prefetch.py: on by default on cuda (the GPU tests check it changes no logit), never on the
-    CPU, off with --no-l2-prefetch."""
-    import argparse
-
-    from cli.options import add_engine_args, engine_config
-
-    assert EngineConfig(device="cuda").use_l2_prefetch
-    assert not EngineConfig(device="cuda", l2_prefetch=False).use_l2_prefetch
-    assert not EngineConfig().use_l2_prefetch and not EngineConfig(l2_prefetch=True).use_l2_prefetch
-    p = argparse.ArgumentParser()
-    add_engine_args(p)
-    assert engine_config(p.parse_args(["--device", "cuda"])).use_l2_prefetch
-    assert not engine_config(p.parse_args(["--device", "cuda", "--no-l2-prefetch"])).use_l2_prefetch
