@@ -109,3 +109,25 @@ def test_next_inputs_compiled_equals_the_reference():
         want = next_inputs_reference(inputs, kv, committed, accepted, drafts)
         next_inputs(inputs, kv, committed, accepted, drafts)
         assert torch.equal(inputs, want[0]) and torch.equal(kv, want[1])
+
+
+def test_l2_prefetch_runs_in_both_modes_in_a_graph_and_changes_nothing():
+    """kernels.l2_prefetch (what bench/prefetch_probe.py times): compiled, captured on a side stream, no write."""
+    from kernels.l2_prefetch import l2_prefetch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ws = [torch.randn(n, 576, device="cuda", generator=g).bfloat16() for n in (960, 576, 3072, 3)]
+    before = [w.clone() for w in ws]
+    for mode in ("prefetch", "load"):
+        l2_prefetch(ws, 8, mode)
+        l2_prefetch(ws[0], 1, mode)
+        side = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # forked onto a side stream and joined
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                l2_prefetch(ws, 8, mode)
+            torch.cuda.current_stream().wait_stream(side)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert all(torch.equal(w, b) for w, b in zip(ws, before))
