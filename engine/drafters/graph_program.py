@@ -48,6 +48,7 @@ class GraphDraftProgram:
         scratch = self.allocator.block_table(PAD_SEQ)[0]
         heads = runner.model.config.num_heads
         self.catch = StaticAttention(runner.cache, heads, rows, k + 1, max_blocks, scratch)
+        # the draft steps' attention: each step a view of it over that step's lengths (``with_kv_lens``)
         self.step = StaticAttention(runner.cache, heads, rows, 1, max_blocks, scratch)
         self.step.block_table = self.catch.block_table  # one table serves every forward of the round
         self._rows = torch.arange(rows, device=self.device)
@@ -115,8 +116,8 @@ class GraphDraftProgram:
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if s is None:
             return ops.argmax(logits), None
-        return pick_in_graph(logits.float(), s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j], s.filtered,
-                             self.sampler.top_m)
+        return pick_in_graph(logits.float(), s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j],
+                             s.filtered, self.sampler.top_m)
 
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
               kv_lens: torch.Tensor, sampling: "RoundSampling | None" = None

@@ -64,9 +64,9 @@ ARGMAX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what kernels.a
 
 
 def argmax(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [..., V] -> [...] int64, the first index of each row's maximum; with ``noise`` (x's shape) of
-    ``x / noise`` (the exponential race). x float32, or 16-bit as it leaves an LM head. On CUDA one launch over many programs a row (torch's argmax
-    reduces a row in one block: ~12 µs over a 49k vocabulary on an H100)."""
+    """x: [..., V] float32, or 16-bit as it leaves an LM head -> [...] int64, the first index of each row's maximum;
+    with ``noise`` (x's shape) of ``x / noise`` (the exponential race). On CUDA one launch over many programs a row
+    (torch's argmax reduces a row in one block: ~12 µs over a 49k vocabulary on an H100)."""
     if use_kernels(x) and x.dtype in ARGMAX_DTYPES and (noise is None or noise.shape == x.shape):
         from kernels.argmax_rows import argmax_rows
 

@@ -7,6 +7,7 @@ import torch
 
 from engine.config import RopeScaling
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from kernels.l2_prefetch import l2_prefetch
 from kernels.rmsnorm import rmsnorm, rmsnorm_pair, rmsnorm_pair_reference, rmsnorm_reference
 from kernels.rotary import rotary, rotary_reference
 
@@ -77,8 +78,8 @@ def test_rotary_matches_reference_on_queries_and_keys_viewed_from_a_fused_projec
      "b must have shape \\[2, 4\\]"),
     (lambda: rmsnorm_pair(torch.randn(2, 4), torch.randn(4), torch.randn(2, 4), torch.randn(4).half(), 1e-5),
      "weight_b must be torch.float32"),
-    (lambda: __import__("kernels.l2_prefetch").l2_prefetch.l2_prefetch(torch.randn(4)), "tensors\\[0\\] must be a contiguous CUDA"),
-    (lambda: __import__("kernels.l2_prefetch").l2_prefetch.l2_prefetch([]), "tensors must hold 1 to 4"),
+    (lambda: l2_prefetch(torch.randn(4)), "tensors\\[0\\] must be a contiguous CUDA"),
+    (lambda: l2_prefetch([]), "tensors must hold 1 to 4"),
     (lambda: rotary(torch.randn(2, 3, 5), torch.zeros(2, dtype=torch.long), torch.randn(8, 5)), "even"),
     (lambda: rotary(torch.randn(2, 3, 4), torch.zeros(3, dtype=torch.long), torch.randn(8, 4)),
      "positions must have shape \\[2\\]"),
