@@ -13,6 +13,8 @@ import json
 
 import torch
 
+from bench.timing import graph_replay_ms
+
 
 def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | None = None) -> dict:
     import kernels.static_attention as sa
@@ -43,23 +45,7 @@ def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | N
 
     want = launch()
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            launch()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [launch() for _ in range(30)]
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
+    ms, outs = graph_replay_ms(lambda: [launch() for _ in range(30)], iters)
     assert torch.equal(outs[-1], want), "a replayed launch differs from the eager one"
     regs = {}
     for name in dir(sa):
@@ -68,7 +54,7 @@ def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | N
             for compiled in cache[0].values():
                 regs[name] = (getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None))
     return {"rows": rows, "q_len": q_len, "context": context, "splits": splits,
-            "us_per_launch": round(start.elapsed_time(end) * 1e3 / (iters * 30), 2), "regs_spills": regs}
+            "us_per_launch": round(ms * 1e3 / 30, 2), "regs_spills": regs}
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from bench.timing import graph_replay_ms
+
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (N, K)
 
 
@@ -57,26 +59,9 @@ def triton_gemv(x: torch.Tensor, w: torch.Tensor, block_n: int, block_k: int, wa
 
 
 def time_launches(fn: Callable[[], torch.Tensor], iters: int) -> float:
-    """µs per launch: 30 launches in one captured graph, replayed ``iters`` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(30):
-            fn()
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (iters * 30)
+    """µs per launch: 30 launches in one captured graph (``bench.timing.graph_replay_ms``)."""
+    ms, _ = graph_replay_ms(lambda: [fn() for _ in range(30)], iters)
+    return ms * 1e3 / 30
 
 
 def main() -> None:

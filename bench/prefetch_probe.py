@@ -17,6 +17,8 @@ import json
 import torch
 import torch.nn.functional as F
 
+from bench.timing import graph_replay_ms
+
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # q/k/v, o, gate/up, down: (N, K)
 
 
@@ -66,25 +68,10 @@ def main() -> None:
                     main.wait_stream(side)
                 return x
 
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    want = forward()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                got = forward()
-            for _ in range(10):
-                graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.iters):
-                graph.replay()
-            end.record()
-            torch.cuda.synchronize()
+            want = forward()
+            ms, got = graph_replay_ms(forward, args.iters)
             assert torch.equal(got, want), "the replayed forward differs from the eager one"
-            us = start.elapsed_time(end) * 1e3 / args.iters
+            us = ms * 1e3
             per = us / (4 * args.layers)
             out.append({"rows": rows, "ahead": ahead, "mode": mode, "programs": programs,
                         "us_per_forward": round(us, 1), "us_per_projection": round(per, 2)})

@@ -9,8 +9,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import torch
+
+T = TypeVar("T")
+
+
+def graph_replay_ms(record: Callable[[], T], iters: int) -> tuple[float, T]:
+    """The GPU probes' clock: ``record`` run 3 times eagerly on a side stream (kernels compiled, memory pooled), then
+    captured in one CUDA graph, replayed 10 times untimed and ``iters`` times between CUDA events -> (ms per replay,
+    what ``record`` returned under capture: its outputs, written by every replay)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            record()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = record()
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters, out
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_launchable, check_tensor, pow2_at_least
-from kernels.rmsnorm import MAX_DIM, rmsnorm_reference
+from kernels.rmsnorm import check_eps, check_rows, rmsnorm_reference
 
 
 def add_rmsnorm_reference(
@@ -55,17 +55,10 @@ def add_rmsnorm(
     weight: torch.Tensor,  # [D] x's dtype and device
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # residual [T, D], normed [T, D]: contiguous, x's dtype
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be a [T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
-    t, d = x.shape
-    if not 1 <= d <= MAX_DIM:
-        raise ValueError(f"x's last dimension must be in [1, {MAX_DIM}], got {d}")
+    t, d = check_rows("x", x)
     check_tensor("delta", delta, x.dtype, (t, d), x.device)
     check_tensor("weight", weight, x.dtype, (d,), x.device)
-    if not (isinstance(eps, float) and eps > 0):
-        raise ValueError(f"eps must be a float > 0, got {eps!r}")
+    check_eps(eps)
     check_launchable(_add_rmsnorm_kernel, x.device)
     x = x if x.stride(1) == 1 else x.contiguous()
     delta = delta if delta.stride(1) == 1 else delta.contiguous()

@@ -17,6 +17,23 @@ from kernels._common import check_launchable, check_tensor, pow2_at_least
 MAX_DIM = 16384  # one program holds a whole row
 
 
+def check_rows(name: str, x: object) -> tuple[int, int]:
+    """What the norm kernels take: a [T, D] float32 / bfloat16 / float16 tensor, 1 <= D <= MAX_DIM -> (T, D)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"{name} must be a [T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+    t, d = x.shape
+    if not 1 <= d <= MAX_DIM:
+        raise ValueError(f"{name}'s last dimension must be in [1, {MAX_DIM}], got {d}")
+    return t, d
+
+
+def check_eps(eps: object) -> None:
+    if not (isinstance(eps, float) and eps > 0):
+        raise ValueError(f"eps must be a float > 0, got {eps!r}")
+
+
 def rmsnorm_reference(
     x: torch.Tensor,       # [T, D] float32 / bfloat16 / float16
     weight: torch.Tensor,  # [D] same dtype as x
@@ -49,16 +66,9 @@ def rmsnorm(
     weight: torch.Tensor,  # [D] same dtype and device as x
     eps: float,
 ) -> torch.Tensor:         # [T, D] contiguous, x's dtype
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be a [T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
-    t, d = x.shape
-    if not 1 <= d <= MAX_DIM:
-        raise ValueError(f"x's last dimension must be in [1, {MAX_DIM}], got {d}")
+    t, d = check_rows("x", x)
     check_tensor("weight", weight, x.dtype, (d,), x.device)
-    if not (isinstance(eps, float) and eps > 0):
-        raise ValueError(f"eps must be a float > 0, got {eps!r}")
+    check_eps(eps)
     check_launchable(_rmsnorm_kernel, x.device)
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -110,18 +120,11 @@ def rmsnorm_pair(
     weight_b: torch.Tensor,  # [D]
     eps: float,
 ) -> torch.Tensor:           # [T, 2D] contiguous: [rmsnorm(a), rmsnorm(b)], one launch instead of three
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        raise ValueError(f"a must be a [T, D] tensor, got {getattr(a, 'shape', type(a).__name__)}")
-    if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"a must be float32, bfloat16 or float16, got {a.dtype}")
-    t, d = a.shape
-    if not 1 <= d <= MAX_DIM:
-        raise ValueError(f"a's last dimension must be in [1, {MAX_DIM}], got {d}")
+    t, d = check_rows("a", a)
     check_tensor("b", b, a.dtype, (t, d), a.device)
     check_tensor("weight_a", weight_a, a.dtype, (d,), a.device)
     check_tensor("weight_b", weight_b, a.dtype, (d,), a.device)
-    if not (isinstance(eps, float) and eps > 0):
-        raise ValueError(f"eps must be a float > 0, got {eps!r}")
+    check_eps(eps)
     check_launchable(_rmsnorm_pair_kernel, a.device)
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()
