@@ -88,7 +88,7 @@ class EagleHead(nn.Module):
         self.feature_norm = RMSNorm(h, self.eps)
         self.proj = nn.Linear(2 * h, h, bias=False)
         self.layer = DecoderLayer(self.config, 0)
-        self.norm = RMSNorm(h, cfg.target.rms_norm_eps)
+        self.norm = RMSNorm(h, self.eps)
         self._target: tuple[LlamaForCausalLM, ...] = ()  # borrowed, kept out of state_dict
 
     def attach(self, target: LlamaForCausalLM, target_layers: int | None = None) -> "EagleHead":
