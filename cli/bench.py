@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from bench.load import markdown as load_markdown
     from bench.load import run_load
     from bench.run import BenchCase, add_speedups, dataset_prompts, environment, markdown, run_case
-    from engine.assets import default_model_path
-    from engine.models.loader import load_model
+    from engine.models.loader import load_model, model_source
+    from engine.models.synthetic import is_synthetic as model_is_synthetic
 
     for name in ("num_prompts", "max_tokens"):
         if getattr(args, name) < 1:
@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.arrival_rate is not None and args.arrival_rate <= 0:
         raise ValueError("--arrival-rate: must be > 0 requests/s")
     config = engine_config(args)
-    path = Path(args.model) if args.model else default_model_path()
+    path = model_source(args.model)  # a synthetic: spec stays text
+    if args.baselines and model_is_synthetic(path):
+        raise ValueError("--baselines: transformers needs real weights; pass --baselines none with a synthetic: model")
     model = load_model(path, device=config.device, dtype=config.torch_dtype)
     env = {**environment(), "device": config.device, "dtype": config.dtype, **_floor(model.model, environment()["gpu"],
                                                                                       args.memory_bandwidth_gbs)}

@@ -139,9 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
     from bench.eval_draft import EvalCase, eval_prompts, report, run_case
     from bench.run import environment
-    from engine.assets import default_model_path
     from engine.drafters import DraftSpec, build_drafter
-    from engine.models.loader import load_model
+    from engine.models.loader import load_model, model_source
     from engine.runner import ModelRunner
 
     drafts = list(dict.fromkeys(args.draft or DEFAULT_DRAFTS))
@@ -154,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else \
         Path("bench/results") / f"eval-draft-{args.name or f'{config.device}-{config.dtype}'.replace(':', '')}.json"
 
-    path = Path(args.model) if args.model else default_model_path()
+    path = model_source(args.model)
     model = load_model(path, device=config.device, dtype=config.torch_dtype)
     runner = ModelRunner(model.model, config)  # the target's KV cache, shared by every case
     prompts = {ds: eval_prompts(ds, model.tokenizer, args.num_prompts) for ds in datasets}
@@ -162,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if not ps:
             raise ValueError(f"dataset: {ds} has no prompts")
     env = {**environment(), "device": config.device, "dtype": config.dtype,
-           "attention": config.attention_backend, "model": path.name}
+           "attention": config.attention_backend, "model": path.name if isinstance(path, Path) else path}
 
     cases = [EvalCase(d, ds, t, k) for d in drafts for ds in datasets for t in temperatures for k in ks]
     rows: list[dict] = []

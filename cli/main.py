@@ -14,6 +14,7 @@ COMMANDS = {
     "bench-plot": "cli.bench_plot",
     "bench-services": "cli.bench_services",
     "eval-draft": "cli.eval_draft",
+    "export-hf": "cli.export_hf",
     "train-draft": "cli.train_draft",
     "serve": "cli.serve",
     "client": "cli.client",

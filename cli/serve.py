@@ -18,7 +18,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="auto",
                    help="auto (the trained drafter shipped for the model, else ngram), ngram[:N], layerskip:N or a "
                         "drafter PATH (default auto)")
-    p.add_argument("--model", help="target GGUF file or Hugging Face directory (default SmolLM2)")
+    p.add_argument("--model", help="target GGUF file, Hugging Face directory or synthetic:NAME (default SmolLM2)")
     p.add_argument("--device", help="cpu or cuda[:N] (default cuda when present)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--k", type=int, help="default draft tokens per round")

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import torch
 
-from engine.assets import default_model_path
 from engine.config import EngineConfig
 from engine.drafters import DraftSpec, build_drafter, resolve_draft
-from engine.models.loader import LoadedModel, load_model
+from engine.models.loader import LoadedModel, load_model, model_source
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 
@@ -34,7 +33,7 @@ class Engine:
 def build_engine(model: str | Path | None, draft: str | DraftSpec, config: EngineConfig,
                  progress: bool = True) -> Engine:
     """``config.kv_cache_tokens`` None: each runner sizes its cache from the device's default budget."""
-    path = Path(model) if model else default_model_path(quiet=not progress)
+    path = model_source(model, quiet=not progress)
     spec = draft if isinstance(draft, DraftSpec) else DraftSpec.parse(draft)
     target = load_model(path, device=config.device, dtype=config.torch_dtype, progress=progress)
     spec = resolve_draft(spec, target.config, quiet=not progress)

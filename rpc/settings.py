@@ -37,7 +37,8 @@ class ServerSettings(TandemSettings):
 
 
 class EngineSettings(ServerSettings):
-    model: str | None = Field(None, description="target GGUF file or Hugging Face directory (default SmolLM2)")
+    model: str | None = Field(None, description="target GGUF file, Hugging Face directory or synthetic:NAME "
+                                                "(default SmolLM2)")
     draft: str = Field("auto", description="auto (the trained drafter shipped for the model, else ngram), "
                                            "ngram[:N], layerskip:N, PATH or none")
     k: int = Field(4, ge=0, le=32, description="default draft tokens per round")

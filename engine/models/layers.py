@@ -31,21 +31,22 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(x, delta, self.weight, self.eps)
 
 
-def _inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """The rotary frequencies [head_dim / 2] in float32, scaled as ``scaling`` says."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling.kind == "linear":
-        return inv_freq / scaling.factor
+        return inv / scaling.factor
     if scaling.kind == "llama3":
         low_wavelen = scaling.original_max_position / scaling.low_freq_factor
         high_wavelen = scaling.original_max_position / scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
         smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
             scaling.high_freq_factor - scaling.low_freq_factor)
         smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    return inv_freq
+    return inv
 
 
 class RotaryEmbedding(nn.Module):
@@ -57,17 +58,19 @@ class RotaryEmbedding(nn.Module):
         self.max_position = max_position
         self.theta = theta
         self.scaling = scaling
+        self.freq_factors: torch.Tensor | None = None  # a llama3 GGUF's rope_freqs (float32, cpu), when loaded
         self.register_buffer("cos_sin", self._table(None), persistent=False)
 
     def rebuild(self, freq_factors: torch.Tensor | None = None) -> None:
         """Recompute the float32 cos/sin table (after moving the model; ``freq_factors``: llama3 GGUFs)."""
-        self.cos_sin = self._table(freq_factors).to(self.cos_sin.device)
+        self.freq_factors = None if freq_factors is None else freq_factors.float().cpu()
+        self.cos_sin = self._table(self.freq_factors).to(self.cos_sin.device)
 
     def _table(self, freq_factors: torch.Tensor | None) -> torch.Tensor:
-        inv_freq = _inv_freq(self.head_dim, self.theta, self.scaling)
+        inv = inv_freq(self.head_dim, self.theta, self.scaling)
         if freq_factors is not None:  # llama3 GGUFs carry the scaling as per-frequency factors
-            inv_freq = inv_freq / freq_factors.float().cpu()
-        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inv_freq)
+            inv = inv / freq_factors
+        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inv)
         return torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim]
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

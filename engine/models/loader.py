@@ -1,4 +1,5 @@
-"""Load a target or draft model: a GGUF file or a Hugging Face directory -> model + tokenizer."""
+"""Load a target or draft model: a GGUF file, a Hugging Face directory or a ``synthetic:`` spec (published
+shapes, random weights: ``engine/models/synthetic.py``) -> model + tokenizer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
+from engine.models import synthetic
 from engine.models.llama import LlamaForCausalLM
 from engine.tokenizer import Tokenizer
 
@@ -25,27 +27,47 @@ class LoadedModel:
     model: LlamaForCausalLM | None  # None when loaded with load_weights=False (tokenizer and config only)
     config: ModelConfig             # of the loaded layers
     tokenizer: Tokenizer
-    source: Path
+    source: Path | str              # the file or directory; a synthetic: spec as text
     total_layers: int               # layers in the checkpoint (config.num_layers may be fewer)
+    synthetic: bool = False         # random weights (a synthetic: spec): speed is meaningful, acceptance is not
 
 
-def _build(arch: str, config: ModelConfig, weights, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def model_source(model: str | Path | None, quiet: bool = False) -> Path | str:
+    """A ``--model`` value -> what ``load_model`` takes: a ``synthetic:`` spec stays text, anything else is a
+    path; None (or empty): the default model."""
+    if not model:
+        from engine.assets import default_model_path
+
+        return default_model_path(quiet=quiet)
+    return model if synthetic.is_synthetic(model) else Path(model)
+
+
+def _allocate(arch: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+    """The model built on the meta device, then allocated once on ``device`` in ``dtype``; weights unset."""
     cls = MODEL_REGISTRY[arch]
     with torch.device("meta"):
         model = cls(config)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)
     model.model.rotary.rebuild()  # float32 table, rebuilt after the dtype cast
-    model.load_weights(weights)
-    return model.eval().requires_grad_(False)
+    return model
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                max_layers: int | None = None, progress: bool = True, load_weights: bool = True) -> LoadedModel:
-    """Load a Llama-family checkpoint. ``max_layers`` keeps only the first layers (layer-skip
-    drafts); ``load_weights=False`` reads only the config and tokenizer."""
-    path = Path(path)
+    """Load a Llama-family checkpoint, or build a ``synthetic:NAME[:layers=N][:seed=S]`` target (a str).
+    ``max_layers`` keeps only the first layers (layer-skip drafts); ``load_weights=False`` reads only the
+    config and tokenizer."""
     device = torch.device(device)
-    if path.is_dir():
+    is_synthetic = synthetic.is_synthetic(path)
+    path = path if is_synthetic else Path(path)
+    if is_synthetic:
+        spec = synthetic.parse(path)
+        path = str(spec)
+        config, arch, tokenizer = synthetic.model_config(spec), "llama", synthetic.tokenizer()
+        total = config.num_layers
+        if max_layers is not None:
+            config = config.truncated(max_layers)
+    elif path.is_dir():
         from engine.models.weights import hf_loader
 
         config = hf_loader.model_config(path)
@@ -67,12 +89,20 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
             config = config.truncated(max_layers)
         weights = gguf_loader.iter_tensors(f, config, dtype, max_layers=max_layers, progress=progress)
     else:
-        raise FileNotFoundError(f"model: {path} is neither a GGUF file nor a Hugging Face directory")
+        raise FileNotFoundError(f"model: {path} is neither a GGUF file nor a Hugging Face directory "
+                                f"(nor a {synthetic.PREFIX}NAME spec)")
     if not load_weights:
-        return LoadedModel(model=None, config=config, tokenizer=tokenizer, source=path, total_layers=total)
-    model = _build(arch, config, weights, device, dtype)
+        return LoadedModel(model=None, config=config, tokenizer=tokenizer, source=path, total_layers=total,
+                           synthetic=is_synthetic)
+    model = _allocate(arch, config, device, dtype)
+    if is_synthetic:
+        synthetic.init_weights(model, spec.seed, progress=progress)  # in place: no second copy of the weights
+    else:
+        model.load_weights(weights)
+    model.eval().requires_grad_(False)
     if progress:
         n = sum(p.numel() for p in model.parameters())
         print(f"tandem: loaded {config.name} ({n / 1e6:.0f}M parameters, {config.num_layers} layers) "
               f"on {device} as {str(dtype).removeprefix('torch.')}", file=sys.stderr)
-    return LoadedModel(model=model, config=config, tokenizer=tokenizer, source=path, total_layers=total)
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, source=path, total_layers=total,
+                       synthetic=is_synthetic)

@@ -1,1 +1,2 @@
-"""Checkpoint readers: GGUF files and Hugging Face directories, both yielding HF-named tensors."""
+"""Checkpoint readers (GGUF files and Hugging Face directories, both yielding HF-named tensors) and the
+Hugging Face directory writer."""

@@ -42,10 +42,14 @@ def _rope_scaling(cfg: dict[str, Any]) -> tuple[float, RopeScaling]:
 
 
 def model_config(directory: Path) -> ModelConfig:
-    cfg = read_config(directory)
+    return config_from_dict(read_config(directory), str(directory), default_name=directory.name)
+
+
+def config_from_dict(cfg: dict[str, Any], source: str, default_name: str = "llama") -> ModelConfig:
+    """A config.json's contents -> ModelConfig (``source`` names where it came from in errors)."""
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{directory}: model_type {model_type!r} is not supported "
+        raise ValueError(f"{source}: model_type {model_type!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     heads = int(cfg["num_attention_heads"])
     theta, scaling = _rope_scaling(cfg)
@@ -68,7 +72,7 @@ def model_config(directory: Path) -> ModelConfig:
         max_position=max_position,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-        name=str(cfg.get("_name_or_path") or directory.name),
+        name=str(cfg.get("_name_or_path") or default_name),
     )
 
 
