@@ -152,7 +152,7 @@ def add_speedups(rows: list[dict]) -> list[dict]:
     plain = {(r["batch_size"], r["temperature"], r["dataset"]): r["tokens_per_s"]
              for r in rows if r["engine"] == "tandem-plain"}
     for r in rows:
-        base = plain.get((r["batch_size"], r["temperature"], r["dataset"]))
+        base = plain.get((r.get("batch_size"), r.get("temperature"), r.get("dataset")))
         r["speedup_vs_plain"] = round(r["tokens_per_s"] / base, 3) if base else None
     return rows
 

@@ -9,13 +9,18 @@ from pathlib import Path
 from cli.options import add_engine_args, engine_config
 
 HF_ENGINES = ("hf-eager", "hf-static-compile", "hf-prompt-lookup")  # bench.hf.HF_ENGINES (--help stays light)
+VLLM_ENGINES = ("vllm", "vllm-ngram", "vllm-ngram-gpu")  # bench.peers.vllm.VLLM_ENGINES
 # HBM bandwidth (GB/s) of known GPUs, for the bandwidth floor of one forward (weights read once)
 BANDWIDTH_GBS = {"H100": 3350, "H200": 4800, "A100": 2039}
 
 DESCRIPTION = """\
 Every (dataset, temperature, batch size) runs Tandem plain decoding (--drafts none), Tandem
-speculative decoding (each other --drafts entry, in one process) and the transformers baselines
-(--baselines) on the same weights and prompts, EOS ignored, and reports tokens/s, acceptance
+speculative decoding (each other --drafts entry, in one process; --drafts '' for none) and the
+baselines (--baselines) on the same weights and prompts, EOS ignored: transformers (hf-*) in this
+process, and vLLM (vllm = plain, vllm-ngram / vllm-ngram-gpu = its n-gram speculation on the host /
+on the GPU) each in its own process, before Tandem takes GPU memory, from $TANDEM_PEER_PYTHONPATH
+(bench/device/PEERS.md) on a Hugging Face export of the same weights (vLLM's dummy weights for a
+synthetic: model, whose acceptance means nothing). It reports tokens/s, acceptance
 length, speedup over Tandem plain, time to first token and inter-token latency (p50/p99; a round
 of n tokens counts as n gaps of 1/n of its time), peak GPU memory and the time split of a round
 (verify = the target forward, draft = the drafter, host = everything else). With
@@ -34,9 +39,10 @@ def _csv(cast):
 
 def _baselines(text: str) -> list[str]:
     names = [] if text == "none" else _csv(str)(text)
-    bad = [n for n in names if n not in HF_ENGINES]
+    bad = [n for n in names if n not in HF_ENGINES + VLLM_ENGINES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown baseline {bad[0]!r} (choose from {', '.join(HF_ENGINES)}, or none)")
+        raise argparse.ArgumentTypeError(f"unknown baseline {bad[0]!r} (choose from "
+                                         f"{', '.join(HF_ENGINES + VLLM_ENGINES)}, or none)")
     return names
 
 
@@ -49,9 +55,13 @@ def add_parser(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=16, help="prompts per dataset (default 16)")
     p.add_argument("--batch-sizes", type=_csv(int), default=[1, 4, 16, 64], help="comma-separated (default 1,4,16,64)")
     p.add_argument("--drafts", type=_csv(str), default=["none", "auto", "ngram"],
-                   help="comma-separated drafter specs; none = Tandem plain decoding (default none,auto,ngram)")
+                   help="comma-separated drafter specs; none = Tandem plain decoding; '' = no Tandem rows "
+                        "(default none,auto,ngram)")
     p.add_argument("--baselines", type=_baselines, default=list(HF_ENGINES),
-                   help=f"transformers configurations, comma-separated, or none (default {','.join(HF_ENGINES)})")
+                   help=f"comma-separated, or none: transformers ({', '.join(HF_ENGINES)}) and vLLM "
+                        f"({', '.join(VLLM_ENGINES)}) (default {','.join(HF_ENGINES)})")
+    p.add_argument("--vllm-prompt-lookup", type=_csv(int), default=[1, 3], metavar="MIN,MAX",
+                   help="vLLM n-gram sizes (default 1,3: what Tandem's ngram drafter matches)")
     p.add_argument("--temperatures", type=_csv(float), default=[0.0, 0.7], help="comma-separated (default 0,0.7)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (EOS ignored; default 128)")
     p.add_argument("--arrival-rate", type=float, help="also run a Poisson arrival load at this many requests/s")
@@ -75,65 +85,50 @@ def _floor(model, gpu: str | None, override: float | None) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from bench.load import markdown as load_markdown
-    from bench.load import run_load
-    from bench.run import BenchCase, add_speedups, dataset_prompts, environment, markdown, run_case
+    from bench.run import add_speedups, dataset_prompts, environment, markdown
     from engine.models.loader import load_model, model_source
-    from engine.models.synthetic import is_synthetic as model_is_synthetic
 
     for name in ("num_prompts", "max_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
     if args.arrival_rate is not None and args.arrival_rate <= 0:
         raise ValueError("--arrival-rate: must be > 0 requests/s")
+    if len(args.vllm_prompt_lookup) != 2 or not 1 <= args.vllm_prompt_lookup[0] <= args.vllm_prompt_lookup[1]:
+        raise ValueError("--vllm-prompt-lookup: expected MIN,MAX with 1 <= MIN <= MAX")
     config = engine_config(args)
     path = model_source(args.model)  # a synthetic: spec stays text
-    if args.baselines and model_is_synthetic(path):
-        raise ValueError("--baselines: transformers needs real weights; pass --baselines none with a synthetic: model")
-    model = load_model(path, device=config.device, dtype=config.torch_dtype)
-    env = {**environment(), "device": config.device, "dtype": config.dtype, **_floor(model.model, environment()["gpu"],
-                                                                                      args.memory_bandwidth_gbs)}
-    hf = None
-    if args.baselines:
-        from bench.hf import load_hf
-
-        hf = load_hf(path, config.device, config.torch_dtype)
-    rows, load_rows = [], []
-    for dataset in args.dataset:
-        prompts = dataset_prompts(dataset, model.tokenizer, args.num_prompts)
-        for temperature in args.temperatures:
-            for bs in args.batch_sizes:
-                cases = [("tandem", d) for d in args.drafts] + [("hf", b) for b in args.baselines]
-                for kind, what in cases:
-                    if kind == "tandem":
-                        row = run_case(model, config, BenchCase(what, bs, temperature), prompts, args.max_tokens,
-                                       args.seed)
-                    else:
-                        from bench.hf import run_hf_case
-
-                        pad = min(model.tokenizer.eos_token_ids)
-                        row = run_hf_case(hf, what, prompts, bs, temperature, args.max_tokens, args.seed, pad)
-                        if row is None:
-                            continue
-                    row.update(dataset=dataset, **env)
-                    print(json.dumps({k: row[k] for k in ("engine", "dataset", "batch_size", "temperature",
-                                                          "tokens_per_s", "acceptance_length")}), flush=True)
-                    rows.append(row)
-        if args.arrival_rate:
-            for draft in args.drafts:
-                for budget in args.round_token_budgets:
-                    row = run_load(model, config, draft, prompts, args.arrival_rate, args.max_tokens, 0.0, args.seed,
-                                   budget or None)
-                    row.update(dataset=dataset, **env)
-                    print(json.dumps({k: row[k] for k in ("engine", "dataset", "max_round_tokens", "ttft_ms_p50",
-                                                          "itl_ms_p99")}), flush=True)
-                    load_rows.append(row)
-    add_speedups(rows)
+    meta = load_model(path, load_weights=False, progress=False)  # the tokenizer: prompts before any GPU memory
+    hf_names = [b for b in args.baselines if b in HF_ENGINES]
+    if hf_names and meta.synthetic:
+        raise ValueError("--baselines: transformers needs real weights; pass --baselines none (or vLLM's) with a "
+                         "synthetic: model")
+    prompts = {ds: dataset_prompts(ds, meta.tokenizer, args.num_prompts) for ds in args.dataset}
+    env = {**environment(), "device": config.device, "dtype": config.dtype,
+           "model": str(path) if meta.synthetic else Path(path).name, "synthetic": meta.synthetic}
     out = Path(args.out_dir) / f"{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    rows, load_rows = [], []
+
+    def keep(row: dict, *keys: str) -> None:  # each row saved as it comes: a run cut short keeps what it measured
+        (load_rows if row.get("scenario") == "poisson" else rows).append(row)
+        out.write_text(json.dumps(rows + load_rows, indent=1) + "\n")
+        print(json.dumps({k: row.get(k) for k in ("engine", "dataset", "batch_size", "temperature", *keys)}),
+              flush=True)
+
+    _vllm_rows(args, str(path), prompts, env, keep)
+    if args.drafts or hf_names:
+        env.update(_tandem_rows(args, config, path, prompts, env, hf_names, keep))
+    add_speedups(rows)
     out.write_text(json.dumps(rows + load_rows, indent=1) + "\n")
     where = f"{env['gpu'] or env['cpu']} ({config.device}, {config.dtype}), commit {env['commit']}"
     text = f"{where}: `{env['command']}`\n\n{markdown(rows)}\n"
-    if env["bandwidth_floor_ms"]:
+    for r in rows:
+        if "error" in r:
+            text += f"\n{r['engine']} failed: {r['error']}\n"
+    if meta.synthetic:
+        text += ("\nRandom weights (a synthetic: model): tokens/s and step costs are meaningful, acceptance lengths "
+                 "are not.\n")
+    if env.get("bandwidth_floor_ms"):
         text += (f"\nBandwidth floor of one forward: {env['bandwidth_floor_ms']} ms "
                  f"({env['weights_mib']} MiB of weights read once).\n")
     if load_rows:
@@ -148,3 +143,56 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {out} and {out.with_suffix('.md')}; matplotlib is not installed here: "
               f"run `tandem bench-plot {out}` where it is")
     return 0
+
+
+def _vllm_rows(args, model: str, prompts: dict, env: dict, keep) -> None:
+    """Each vLLM baseline in its own process over every case (bench.peers.vllm)."""
+    names = [b for b in args.baselines if b in VLLM_ENGINES]
+    if not names:
+        return
+    from bench.peers.vllm import run_vllm
+
+    cases = [{"dataset": ds, "batch_size": bs, "temperature": t}
+             for ds in args.dataset for t in args.temperatures for bs in args.batch_sizes]
+    for name in names:
+        for row in run_vllm(name, model, prompts, cases, max_tokens=args.max_tokens, k=args.k, seed=args.seed,
+                            prompt_lookup=tuple(args.vllm_prompt_lookup)):
+            row.update(**env)
+            keep(row, "tokens_per_s", "acceptance_length", "error")
+
+
+def _tandem_rows(args, config, path, prompts: dict, env: dict, hf_names: list[str], keep) -> dict:
+    """Tandem's rows (each --drafts entry) and the transformers baselines, in this process; returns the
+    bandwidth floor of the loaded model for the report."""
+    from bench.load import run_load
+    from bench.run import BenchCase, run_case
+    from engine.models.loader import load_model
+
+    model = load_model(path, device=config.device, dtype=config.torch_dtype)
+    floor = _floor(model.model, env["gpu"], args.memory_bandwidth_gbs)
+    env = {**env, **floor}
+    hf = None
+    if hf_names:
+        from bench.hf import load_hf
+
+        hf = load_hf(path, config.device, config.torch_dtype)
+    for dataset, ps in prompts.items():
+        for temperature in args.temperatures:
+            for bs in args.batch_sizes:
+                for draft in args.drafts:
+                    row = run_case(model, config, BenchCase(draft, bs, temperature), ps, args.max_tokens, args.seed)
+                    keep({**row, "dataset": dataset, **env}, "tokens_per_s", "acceptance_length")
+                for name in hf_names:
+                    from bench.hf import run_hf_case
+
+                    pad = min(model.tokenizer.eos_token_ids)
+                    row = run_hf_case(hf, name, ps, bs, temperature, args.max_tokens, args.seed, pad)
+                    if row is not None:
+                        keep({**row, "dataset": dataset, **env}, "tokens_per_s", "acceptance_length")
+        if args.arrival_rate:
+            for draft in args.drafts:
+                for budget in args.round_token_budgets:
+                    row = run_load(model, config, draft, ps, args.arrival_rate, args.max_tokens, 0.0, args.seed,
+                                   budget or None)
+                    keep({**row, "dataset": dataset, **env}, "max_round_tokens", "ttft_ms_p50", "itl_ms_p99")
+    return floor

@@ -25,9 +25,50 @@ def test_percentile_and_token_clock():
 
 def test_cli_lists_the_baselines_bench_runs():
     from bench.hf import HF_ENGINES
+    from bench.peers.vllm import VLLM_ENGINES
     from cli.bench import HF_ENGINES as CLI_ENGINES
+    from cli.bench import VLLM_ENGINES as CLI_VLLM
 
-    assert CLI_ENGINES == HF_ENGINES
+    assert CLI_ENGINES == HF_ENGINES and CLI_VLLM == tuple(VLLM_ENGINES)
+
+
+def test_vllm_baseline_without_vllm_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TANDEM_PEER_PYTHONPATH", raising=False)
+    code = main(["bench", "--name", "x", "--dataset", "humaneval", "--num-prompts", "1", "--batch-sizes", "1",
+                 "--drafts", "none", "--baselines", "vllm-ngram", "--temperatures", "0", "--device", "cpu",
+                 "--out-dir", str(tmp_path)])
+    assert code == 2
+    assert "baselines: vLLM is not installed" in capsys.readouterr().err
+
+
+def test_vllm_gets_the_same_weights(tmp_path, smollm_path):
+    """A GGUF is exported once as a Hugging Face directory; a synthetic model is a config-only directory with
+    vLLM's dummy weights."""
+    from bench.peers.vllm import model_dir
+
+    d, fmt = model_dir(str(smollm_path), tmp_path)
+    assert fmt == "auto" and (d / "model.safetensors").is_file() and (d / "tokenizer.json").is_file()
+    stamp = (d / "model.safetensors").stat().st_mtime_ns
+    assert model_dir(str(smollm_path), tmp_path)[0] == d and (d / "model.safetensors").stat().st_mtime_ns == stamp
+    d, fmt = model_dir("synthetic:llama-3.1-8b", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    assert fmt == "dummy" and not (d / "model.safetensors").exists()
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (4096, 32, 128256)
+
+
+def test_compare_sets_tandem_against_the_matching_peer_row():
+    from bench.compare import add_peer_ratios
+
+    cell = {"model": "m", "dataset": "d", "temperature": 0.0, "batch_size": 4}
+    rows = [{**cell, "engine": e, "tokens_per_s": v} for e, v in
+            (("tandem-plain", 300.0), ("tandem-spec-auto", 600.0), ("vllm", 200.0), ("vllm-ngram", 150.0),
+             ("vllm-ngram-gpu", 400.0), ("hf-eager", 10.0))]
+    rows.append({**cell, "batch_size": 1, "engine": "tandem-plain", "tokens_per_s": 9.0})  # no peer in its cell
+    add_peer_ratios(rows)
+    got = {(r["engine"], r["batch_size"]): r.get("tandem_vs_peer") for r in rows}
+    # plain against vLLM plain, speculative against vLLM's fastest speculative row
+    assert got[("tandem-plain", 4)] == 1.5 and got[("tandem-spec-auto", 4)] == 1.5
+    assert got[("tandem-plain", 1)] is None and got[("vllm", 4)] is None
 
 
 def test_poisson_arrivals_are_seeded_and_increasing():
