@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": "cli.bench",
     "bench-plot": "cli.bench_plot",
     "bench-services": "cli.bench_services",
+    "bench-serve": "cli.bench_serve",
     "eval-draft": "cli.eval_draft",
     "export-hf": "cli.export_hf",
     "train-draft": "cli.train_draft",

@@ -1,0 +1,200 @@
+"""A serving load whose client is not the bottleneck: separate client processes, streaming calls.
+
+The shape of vLLM's ``benchmark_serving``: prompts (token ids) are sent either at a fixed
+concurrency (each stream sends its next prompt when its last one ends) or as a Poisson
+process at ``rate`` requests/s; every request streams, and each response chunk is
+timestamped with the number of tokens in it. Two protocols speak to the two kinds of server:
+``grpc`` (Tandem's gateway: ``Gateway.Generate`` with a token-id prompt) and ``openai``
+(``/v1/completions`` with ``stream`` and ``return_token_ids``, as vLLM's server answers it).
+
+The clients are ``processes`` spawned processes, each running its share of the streams on
+threads; their CPU time is measured, so a report can show the client had room to spare.
+Timestamps are ``time.monotonic()``, one clock for every process on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import random
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bench.timing import percentile
+
+
+@dataclass(frozen=True)
+class Load:
+    protocol: str                  # "grpc" or "openai"
+    address: str                   # host:port
+    max_tokens: int
+    temperature: float = 0.0
+    concurrency: int = 1           # streams at once (rate is None)
+    rate: float | None = None      # Poisson arrivals, requests/s (None: fixed concurrency)
+    processes: int = 2
+    seed: int = 0
+    timeout_s: float = 600.0
+    model_name: str = "model"      # openai: the served model's name
+
+
+@dataclass
+class Result:
+    index: int
+    sent: float
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, tokens in it)
+    acceptance_length: float | None = None
+    error: str | None = None
+
+
+# ---- one request per protocol -------------------------------------------------------------------------------
+
+def _grpc_request(load: Load, prompt: list[int], index: int, channel) -> Result:
+    import grpc
+
+    from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
+    from rpc import tensors
+
+    req = gateway_pb2.GenerateRequest(token_ids=tensors.encode(prompt, "int32"))
+    req.sampling.max_tokens = load.max_tokens
+    req.sampling.ignore_eos = True
+    req.sampling.temperature = load.temperature
+    if load.temperature > 0:
+        req.sampling.seed = load.seed + index
+    res = Result(index, time.monotonic())
+    try:
+        for resp in gateway_pb2_grpc.GatewayStub(channel).Generate(req, timeout=load.timeout_s):
+            n = resp.token_ids.shape[0] if resp.token_ids.shape else 0
+            if n:
+                res.chunks.append((time.monotonic(), n))
+            if resp.HasField("usage") and resp.usage.rounds:
+                res.acceptance_length = resp.usage.acceptance_length
+    except grpc.RpcError as exc:
+        res.error = f"{exc.code().name}: {exc.details()}"
+    return res
+
+
+def _openai_request(load: Load, prompt: list[int], index: int, _channel) -> Result:
+    import http.client
+
+    host, port = load.address.rsplit(":", 1)
+    body = {"model": load.model_name, "prompt": prompt, "max_tokens": load.max_tokens, "min_tokens": load.max_tokens,
+            "ignore_eos": True, "temperature": load.temperature, "stream": True, "return_token_ids": True}
+    res = Result(index, time.monotonic())
+    conn = http.client.HTTPConnection(host, int(port), timeout=load.timeout_s)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
+            return res
+        while line := resp.readline():
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            choices = json.loads(line[6:]).get("choices") or []
+            n = sum(len(c.get("token_ids") or ()) for c in choices)
+            if n:
+                res.chunks.append((time.monotonic(), n))
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return res
+
+
+REQUEST = {"grpc": _grpc_request, "openai": _openai_request}
+
+
+# ---- client processes ---------------------------------------------------------------------------------------
+
+def _client(load: Load, prompts: list[list[int]], mine: list[int], start_at: float, offsets: list[float] | None,
+            streams: int, out) -> None:
+    """One client process: its requests ``mine`` on ``streams`` threads (fixed concurrency), or each at its
+    Poisson offset from ``start_at``."""
+    channel = None
+    if load.protocol == "grpc":
+        import grpc
+
+        channel = grpc.insecure_channel(load.address, options=[("grpc.max_receive_message_length", 64 << 20)])
+    results, lock = [], threading.Lock()
+    queue = list(mine)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i = queue.pop(0)
+            if offsets is not None:
+                time.sleep(max(0.0, start_at + offsets[i] - time.monotonic()))
+            r = REQUEST[load.protocol](load, prompts[i], i, channel)
+            with lock:
+                results.append(r)
+
+    while time.monotonic() < start_at:
+        time.sleep(0.001)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(streams if offsets is None else len(mine))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = resource.getrusage(resource.RUSAGE_SELF)  # the CPU of the run itself, not of imports and connecting
+    out.put(([vars(r) for r in results], after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
+
+
+def run_load(load: Load, prompts: list[list[int]]) -> dict:
+    """Send every prompt once under ``load``; the summary row (tokens/s, TTFT, ITL, acceptance, client CPU)."""
+    n = len(prompts)
+    procs = max(1, min(load.processes, n, load.concurrency if load.rate is None else n))
+    offsets = None
+    if load.rate is not None:
+        rng = random.Random(load.seed)
+        offsets, t = [], 0.0
+        for _ in range(n):
+            offsets.append(t)
+            t += rng.expovariate(load.rate)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.monotonic() + 2.0 + 0.5 * procs  # every client started and connected before the first send
+    workers = []
+    for p in range(procs):
+        mine = list(range(p, n, procs))
+        streams = load.concurrency // procs + (p < load.concurrency % procs)
+        workers.append(ctx.Process(target=_client, args=(load, prompts, mine, start_at, offsets, streams, out)))
+    for w in workers:
+        w.start()
+    results, cpu_s = [], 0.0
+    for _ in workers:
+        rs, cpu = out.get()
+        results += [Result(**r) for r in rs]
+        cpu_s += cpu
+    for w in workers:
+        w.join()
+    return summarize(load, results, cpu_s, procs)
+
+
+def summarize(load: Load, results: list[Result], cpu_s: float, procs: int) -> dict:
+    ok = [r for r in results if r.error is None and r.chunks]
+    ttft, itl = [], []
+    for r in ok:
+        ttft.append(r.chunks[0][0] - r.sent)
+        for (t0, _), (t1, n) in zip(r.chunks, r.chunks[1:]):
+            itl.extend([(t1 - t0) / n] * n)
+    tokens = sum(n for r in ok for _, n in r.chunks)
+    begin = min((r.sent for r in results), default=0.0)
+    end = max((r.chunks[-1][0] for r in ok), default=begin)
+    wall = max(end - begin, 1e-9)
+    acc = [r.acceptance_length for r in ok if r.acceptance_length]
+    ms = lambda xs, q: None if not xs else round(percentile(xs, q) * 1e3, 3)  # noqa: E731
+    return {"protocol": load.protocol, "concurrency": None if load.rate else load.concurrency, "rate": load.rate,
+            "temperature": load.temperature, "max_tokens": load.max_tokens, "requests": len(results),
+            "completed": len(ok), "errors": sorted({r.error for r in results if r.error})[:5],
+            "output_tokens": tokens, "elapsed_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
+            "requests_per_s": round(len(ok) / wall, 3), "ttft_ms_p50": ms(ttft, 50), "ttft_ms_p99": ms(ttft, 99),
+            "itl_ms_p50": ms(itl, 50), "itl_ms_p99": ms(itl, 99),
+            "acceptance_length": round(sum(acc) / len(acc), 3) if acc else None,
+            "client_processes": procs, "client_cpu_s": round(cpu_s, 2),
+            # of the client processes' available CPU over the run: near 100% would mean the client limits the number
+            "client_cpu_pct": round(100 * cpu_s / (wall * procs), 1)}

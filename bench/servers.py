@@ -1,0 +1,120 @@
+"""The servers ``tandem bench-serve`` drives: Tandem's stack (co-located or split) and vLLM's OpenAI server.
+
+Each is a context manager that starts the server as processes on this machine, waits until it
+answers its health check and yields a ``Served`` (protocol and address for ``bench.serve_load``);
+leaving it stops every process it started. vLLM runs from the staged peer
+(``bench.peers.vllm.peer_env``) on the same weights as Tandem (``bench.peers.vllm.model_dir``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from bench.peers.vllm import ROOT, VLLM_ENGINES, model_dir, peer_env
+
+TANDEM_SERVERS = ("tandem-colocated", "tandem-split")
+SERVERS = TANDEM_SERVERS + tuple(VLLM_ENGINES)
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    protocol: str     # bench.serve_load.REQUEST key
+    address: str
+    model_name: str = "model"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model: str | None
+    draft: str
+    k: int
+    max_batch: int
+    device: str | None = None
+    dtype: str | None = None
+    max_model_len: int = 4096
+    work: Path = Path("/tmp/tandem-bench-serve")
+
+
+@contextmanager
+def start(name: str, opts: ServerOptions) -> Iterator[Served]:
+    if name not in SERVERS:
+        raise ValueError(f"servers: unknown {name!r} (choose from {', '.join(SERVERS)})")
+    with (_tandem(name, opts) if name in TANDEM_SERVERS else _vllm(name, opts)) as served:
+        yield served
+
+
+@contextmanager
+def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
+    from cli.stack import Stack, StackConfig, free_block
+
+    cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated", draft=opts.draft, k=opts.k,
+                      model=opts.model, device=opts.device, dtype=opts.dtype,
+                      gateway_flags={"max_batch_size": opts.max_batch})
+    stack = Stack(cfg)
+    stack.start()
+    try:
+        stack.wait_ready()
+        yield Served(name, "grpc", stack.gateway_address)
+    finally:
+        stack.stop()
+
+
+@contextmanager
+def _vllm(name: str, opts: ServerOptions) -> Iterator[Served]:
+    from cli.stack import free_block
+
+    from engine.assets import default_model_path
+
+    directory, load_format = model_dir(opts.model or str(default_model_path()), opts.work)
+    port = free_block(1)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(directory),
+           "--served-model-name", "model", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+           "--load-format", load_format, "--max-num-seqs", str(opts.max_batch), "--max-model-len",
+           str(opts.max_model_len), "--gpu-memory-utilization", "0.5", "--no-enable-prefix-caching"]
+    method = VLLM_ENGINES[name]
+    if method != "none":
+        cmd += ["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": opts.k,
+                                                    "prompt_lookup_min": 1, "prompt_lookup_max": 4})]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=peer_env(), start_new_session=True)
+    try:
+        _wait_http(proc, f"http://127.0.0.1:{port}/health", timeout_s=900)
+        yield Served(name, "openai", f"127.0.0.1:{port}")
+    finally:
+        _stop(proc)
+
+
+def _wait_http(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"servers: {' '.join(proc.args[:3])} exited with code {proc.returncode} while starting")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"servers: {url} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

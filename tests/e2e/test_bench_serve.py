@@ -1,0 +1,71 @@
+"""``tandem bench-serve`` and its load client against the real stack on loopback (CPU)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bench.serve_load import Load, run_load
+from cli.main import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path, capsys):
+    code = main(["bench-serve", "--name", "t", "--out-dir", str(tmp_path), "--servers", "tandem-colocated",
+                 "--concurrency", "1,3", "--num-prompts", "5", "--max-tokens", "6", "--draft", "ngram",
+                 "--device", "cpu", "--kv-cache-tokens", "8192", "--client-processes", "2", "--in-process"])
+    assert code == 0
+    rows = json.loads((tmp_path / "t.json").read_text())
+    served = [r for r in rows if r["server"] == "tandem-colocated"]
+    inproc = [r for r in rows if r["server"] == "in-process"]
+    assert [r["concurrency"] for r in served] == [1, 3] and [r["concurrency"] for r in inproc] == [1, 3]
+    for r in served:
+        assert r["errors"] == [] and r["completed"] == r["requests"] == 5
+        assert r["output_tokens"] == 5 * 6  # EOS ignored: every request streams exactly max_tokens
+        assert r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0 and r["acceptance_length"] >= 1
+        assert r["client_processes"] == (1 if r["concurrency"] == 1 else 2) and r["client_cpu_s"] >= 0
+        assert r["served_vs_in_process"] == pytest.approx(
+            r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
+            rel=1e-2)
+    assert "| tandem-colocated | 3 |" in (tmp_path / "t.md").read_text()
+
+
+class _VllmLikeStream(BaseHTTPRequestHandler):
+    """vLLM's /v1/completions stream as its server writes it (SSE ``data:`` lines, token_ids per chunk with
+    ``return_token_ids``, ``[DONE]``): the part of the peer's wire format the client parses."""
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.bodies.append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        sent = 0
+        while sent < body["max_tokens"]:
+            n = min(2, body["max_tokens"] - sent)
+            chunk = {"choices": [{"index": 0, "text": "x" * n, "token_ids": list(range(sent, sent + n))}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            sent += n
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_openai_protocol_counts_streamed_tokens():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _VllmLikeStream)
+    server.bodies = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        row = run_load(Load("openai", f"127.0.0.1:{server.server_port}", max_tokens=5, concurrency=2, processes=1),
+                       [[1, 2, 3], [4, 5]])
+    finally:
+        server.shutdown()
+    assert row["errors"] == [] and row["completed"] == 2 and row["output_tokens"] == 10
+    # the request asks for exactly max_tokens, EOS ignored, streamed with token ids
+    assert all(b["ignore_eos"] and b["min_tokens"] == 5 and b["stream"] and b["return_token_ids"]
+               for b in server.bodies)
