@@ -42,6 +42,7 @@ class ServerOptions:
     max_batch: int
     device: str | None = None
     dtype: str | None = None
+    attention: str = "auto"      # Tandem's services (TANDEM_ATTENTION)
     max_model_len: int = 4096
     work: Path = Path("/tmp/tandem-bench-serve")
 
@@ -60,6 +61,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
 
     cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated", draft=opts.draft, k=opts.k,
                       model=opts.model, device=opts.device, dtype=opts.dtype,
+                      extra_env={"TANDEM_ATTENTION": opts.attention},
                       gateway_flags={"max_batch_size": opts.max_batch})
     stack = Stack(cfg)
     stack.start()

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     env = environment()
     rows = _in_process(args, prompts_for, model_spec) if args.in_process else []
     opts = ServerOptions(model=args.model, draft=args.draft, k=args.k, max_batch=max(args.concurrency),
-                         device=args.device, dtype=args.dtype,
+                         device=args.device, dtype=args.dtype, attention=args.attention,
                          max_model_len=max(len(p) for p in pool) + args.max_tokens + 64)
     for name in args.servers:
         with start(name, opts) as served:

@@ -33,8 +33,12 @@ def peer_env() -> dict[str, str]:
         raise ValueError("baselines: vLLM is not installed here and TANDEM_PEER_PYTHONPATH is unset "
                          "(stage it with bench/device/stage_peers.sh; see bench/device/PEERS.md)")
     path = [p for p in (peer, str(ROOT), os.environ.get("PYTHONPATH")) if p]
+    # no usage reports or hub lookups (the GPU machine reaches no network); the sampler's top-k/top-p in torch: the
+    # bench asks for neither (FlashInfer's sampling kernels serve only those), and its JIT build costs minutes on
+    # every fresh machine
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
 
 
 def model_dir(model: str, work: Path) -> tuple[Path, str]:
