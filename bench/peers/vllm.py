@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,8 @@ def run_vllm(engine: str, model: str, prompts: dict[str, list[list[int]]], cases
              k: int, seed: int, prompt_lookup: tuple[int, int] = (1, 4), gpu_memory_utilization: float = 0.5,
              work: Path | None = None) -> list[dict]:
     """Rows of one vLLM engine over ``cases`` ({dataset, batch_size, temperature}); one error row if it fails."""
-    work = work or Path(tempfile.mkdtemp(prefix="tandem-vllm-"))
+    # one directory per model, kept: the next engine of the run reuses the export
+    work = work or Path(tempfile.gettempdir()) / "tandem-vllm" / re.sub(r"[^A-Za-z0-9_.-]+", "_", model)[-120:]
     work.mkdir(parents=True, exist_ok=True)
     directory, load_format = model_dir(model, work)
     longest = max(len(p) for ps in prompts.values() for p in ps)
