@@ -107,12 +107,16 @@ def run(spec: dict) -> list[dict]:
     llm = build_llm(spec)
     init_s = round(time.perf_counter() - t0, 1)
     engine = llm.llm_engine
+    # warm-up: every case's batch size and sampling path once, before any clock starts. vLLM compiles some kernels
+    # on first use (its own JIT monitor warns of it): warming each case just before it ran left the first greedy
+    # cases 15-40% slower than the same cases run again later (bench/RESULTS.md, issue 19)
+    for n, case in enumerate(spec["cases"]):
+        bs = case["batch_size"]
+        run_batches(engine, spec["prompts"][case["dataset"]][:bs], bs, _params(case["temperature"], 16), f"warm{n}")
     rows = []
     for n, case in enumerate(spec["cases"]):
         prompts = spec["prompts"][case["dataset"]]
         bs, temperature = case["batch_size"], case["temperature"]
-        # warm-up: this batch size's graphs and the sampler path before the clock starts
-        run_batches(engine, prompts[:bs], bs, _params(temperature, 8), f"warm{n}")
         before = spec_counters(llm)
         row = run_batches(engine, prompts, bs, _params(temperature, spec["max_tokens"]), f"case{n}")
         after = spec_counters(llm)
@@ -125,8 +129,8 @@ def run(spec: dict) -> list[dict]:
                    vllm_drafts=int(drafts), peak_memory_mib=gpu_memory_used_mib(),
                    peak_memory_kind="nvidia-smi, whole GPU", vllm_version=vllm.__version__, vllm_init_s=init_s,
                    load_format=spec["load_format"])
-        print(json.dumps({k: row[k] for k in ("engine", "dataset", "batch_size", "temperature", "tokens_per_s",
-                                              "acceptance_length")}), flush=True)
+        print(f"vllm_runner: {spec['engine']} case {n + 1}/{len(spec['cases'])}: {row['tokens_per_s']} tokens/s",
+              file=sys.stderr, flush=True)
         rows.append(row)
     return rows
 
