@@ -49,6 +49,7 @@ log = logging.getLogger("tandem.gateway")
 class RoundReport:
     verdicts: list[Verdict]            # one per request, in batch order
     drafted: list[int]                 # drafts verified, per request
+    ks: list[int] = field(default_factory=list)  # k per request this round (its own or the server's, capped by room)
     draft_ms: float = 0.0              # waiting for Draft before Verify could start
     verify_ms: float = 0.0
     wait_ms: float = 0.0               # waiting for the early draft after Verify returned
@@ -82,7 +83,7 @@ class ColocatedDriver:
         t0 = time.perf_counter()
         verdicts = await self.verifiers.call(
             reqs, lambda client, idx: client.step([reqs[i] for i in idx], [ks[i] for i in idx]))
-        return RoundReport(verdicts, [v.drafted for v in verdicts], verify_ms=_ms(t0))
+        return RoundReport(verdicts, [v.drafted for v in verdicts], ks, verify_ms=_ms(t0))
 
     async def release(self, ids: Sequence[str]) -> None:
         await self.verifiers.release(ids)
@@ -214,7 +215,7 @@ class SplitDriver:
                 probs[i] = slice_probs(r.ready_probs, 0, len(drafts[i]))
             else:
                 need.append(i)
-        report = RoundReport([], [])
+        report = RoundReport([], [], ks)
         if need:
             t0 = time.perf_counter()
             feats = [reqs[i].features.take() for i in need] if self.feature_layers else None

@@ -141,7 +141,8 @@ class Scheduler:
             tau = sum(committed) / len(committed) if committed else 0.0
             span.set_attributes({
                 "spec.mode": self.driver.mode, "spec.batch_size": len(reqs),
-                "spec.request_ids": [r.request_id for r in reqs], "spec.k": report.drafted,
+                "spec.request_ids": [r.request_id for r in reqs], "spec.k": report.ks,
+                "spec.drafted": report.drafted,
                 "spec.accepted": accepted, "spec.acceptance_length": tau,
                 "spec.draft_ms": report.draft_ms, "spec.verify_ms": report.verify_ms, "spec.wait_ms": report.wait_ms,
                 "spec.early_draft_hits": report.early_hits, "spec.early_draft_misses": report.early_misses,
