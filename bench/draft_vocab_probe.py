@@ -7,14 +7,16 @@ acceptance it costs. This
 1. ranks the target's tokens by frequency in ShareGPT training text (conversations with index < 16,000, the
    first ``--train-conversations``),
 2. prints how much of HumanEval's prompts and held-out ShareGPT text (index >= 16,000) the top N cover, and
-3. runs ``tandem eval-draft`` (greedy, k = 4) with the shipped head as it is, then with its logits outside the top N
-   set to -inf (a patch of ``EagleHead.compute_logits``; nothing in the engine changes), on the same prompts.
+3. runs eval-draft's cases (``bench.eval_draft``, greedy, k = 4) with the shipped head as it is, then with its
+   logits outside the top N set to -inf (a patch of ``EagleHead.compute_logits``; nothing in the engine changes),
+   on the same prompts.
 CPU is enough (acceptance does not depend on the device); a probe, not an engine path.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from unittest import mock
 
 import torch
@@ -39,9 +41,12 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="eval-draft new tokens per prompt")
     args = p.parse_args()
     from bench.datasets import humaneval, sharegpt
-    from cli.main import main as tandem
+    from bench.eval_draft import EvalCase, eval_prompts, run_case
     from engine.assets import default_model_path
+    from engine.config import EngineConfig
+    from engine.drafters import DraftSpec, build_drafter
     from engine.models import eagle
+    from engine.runner import ModelRunner
     from engine.models.loader import load_model
 
     tok = load_model(default_model_path(), "cpu", torch.float32, load_weights=False, progress=False).tokenizer
@@ -56,9 +61,13 @@ def main() -> None:
         cover = ", ".join(f"{name} {keep[torch.tensor(ids)].float().mean().item():.4f}"
                           for name, ids in held_out.items())
         print(f"top {n} tokens cover: {cover}", flush=True)
-    grid = ["eval-draft", "--draft", "auto", "--dataset", "humaneval,sharegpt", "--k", "4", "--temperature", "0",
-            "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
-            "--batch-size", str(args.num_prompts), "--device", "cpu"]
+    # eval-draft's cases (tandem eval-draft --draft auto --k 4 --temperature 0, on the CPU), run here so the head's
+    # logits can be masked in this process
+    model = load_model(default_model_path(), "cpu", torch.float32, progress=False)
+    config = EngineConfig(k=4, max_batch_size=args.num_prompts, spec_max_batch=None)
+    runner = ModelRunner(model.model, config)
+    drafter = build_drafter(DraftSpec.parse("auto"), model, config)
+    prompts = {ds: eval_prompts(ds, model.tokenizer, args.num_prompts) for ds in ("humaneval", "sharegpt")}
     full = eagle.EagleHead.compute_logits
     for n in [0] + sizes:
         print(f"== draft vocabulary: {'all' if n == 0 else f'top {n}'}", flush=True)
@@ -70,7 +79,11 @@ def main() -> None:
             return logits.masked_fill(~keep.to(logits.device), float("-inf"))
 
         with mock.patch.object(eagle.EagleHead, "compute_logits", masked):
-            tandem([*grid, "--out", f"/tmp/draft-vocab-{n}.json"])
+            for ds, ps in prompts.items():
+                row = run_case(runner, model.tokenizer, config, drafter, EvalCase("auto", ds, 0.0, 4), ps,
+                               max_tokens=args.max_tokens, batch_size=args.num_prompts, seed=0)
+                print(json.dumps({"vocabulary": n or "all", "dataset": ds, **{k: row.get(k) for k in
+                                  ("acceptance_length", "accepted_per_draft")}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def start(name: str, opts: ServerOptions) -> Iterator[Served]:
 
 @contextmanager
 def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
-    from cli.stack import Stack, StackConfig, free_block
+    from rpc.stack import Stack, StackConfig, free_block
 
     cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated", draft=opts.draft, k=opts.k,
                       model=opts.model, device=opts.device, dtype=opts.dtype,
@@ -74,7 +74,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
 
 @contextmanager
 def _vllm(name: str, opts: ServerOptions) -> Iterator[Served]:
-    from cli.stack import free_block
+    from rpc.stack import free_block
 
     from engine.assets import default_model_path
 

@@ -12,7 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from cli.stack import Stack, StackConfig, free_block
+from rpc.stack import Stack, StackConfig, free_block
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def _delta_mean_ms(before, after, name, label="") -> float:
 
 
 async def _wave(address: str, prompts: list[str], max_tokens: int) -> list:
-    from cli.client import stream
+    from rpc.gateway_client import stream
     from protos.tandem.v1 import gateway_pb2
 
     async def one(text):

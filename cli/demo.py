@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from cli.serve import add_stack_args, stack_config
-from cli.stack import Stack
+from rpc.stack import Stack
 
 PROMPTS = [
     "Explain speculative decoding in three sentences.",
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 
 async def _ask(address: str, prompt: str, max_tokens: int) -> dict:
-    from cli.client import stream
+    from rpc.gateway_client import stream
     from protos.tandem.v1 import gateway_pb2
 
     req = gateway_pb2.GenerateRequest()

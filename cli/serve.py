@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from cli.stack import Stack, StackConfig
+from rpc.stack import Stack, StackConfig
 
 
 def add_stack_args(p: argparse.ArgumentParser) -> None:

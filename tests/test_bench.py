@@ -104,3 +104,18 @@ def test_bench_writes_rows_table_and_plot(tmp_path):
     assert all(r["output_tokens"] == 8 and r["ttft_ms_p50"] > 0 for r in load)
     assert "| engine |" in (tmp_path / "cpu-smoke.md").read_text()
     assert (tmp_path / "cpu-smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_imports_nothing_from_cli():
+    """Dependencies point one way: the CLI drives the benches, never the reverse."""
+    import ast
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    upward = []
+    for f in bench.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            upward += [f"{f.name}: {n}" for n in names if n == "cli" or n.startswith("cli.")]
+    assert upward == []

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from cli.stack import Stack, StackConfig, free_block
+from rpc.stack import Stack, StackConfig, free_block
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc import tensors
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 import torch
 
-from cli.stack import Stack, StackConfig, free_block
+from rpc.stack import Stack, StackConfig, free_block
 from engine.config import SamplingParams
 from protos.tandem.v1 import gateway_pb2_grpc
 from rpc import tensors

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from cli.stack import free_block
+from rpc.stack import free_block
 from engine.config import SamplingParams
 from tests.conftest import make_decoder
 
