@@ -41,7 +41,7 @@ from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
 from engine.models import ops
-from engine.sampling import coins, greedy_verify, probs_from_logits, rejection_sample
+from engine.sampling import RowParams, coins, greedy_verify, pack_rows, probs_from_logits, rejection_sample
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram, Drafter
@@ -87,7 +87,7 @@ class RowResult:
 class RoundSampling:
     """Device buffers of a sampling round, refilled on the host before each replay (padding rows greedy).
 
-    The per-row parameters cross in one copy (``params`` [R, 4]: greedy, temperature, top_k, top_p);
+    The per-row parameters cross in one copy (``params`` [R, 4], ``engine.sampling.pack_rows``);
     ``unpack`` turns them into the tensors below inside the graph, once per round."""
 
     filtered: bool
@@ -105,7 +105,7 @@ class RoundSampling:
     @classmethod
     def allocate(cls, rows: int, k: int, vocab: int, filtered: bool,
                  device: torch.device) -> "RoundSampling":
-        params = torch.tensor([[1.0, 1.0, 0.0, 1.0]] * rows, device=device)
+        params = pack_rows([], rows).to(device)
         return cls(filtered, params, torch.zeros(2, rows, dtype=torch.long, device=device),
                    torch.zeros(rows, k, device=device), torch.ones(rows, vocab, device=device),
                    torch.zeros(rows, k, vocab, device=device) if k else None,
@@ -113,8 +113,8 @@ class RoundSampling:
 
     def unpack(self) -> None:
         """Inside the graph: the parameter tensors every part of the round reads."""
-        self.greedy = self.params[:, 0] > 0.5
-        self.temperature, self.top_k, self.top_p = self.params[:, 1], self.params[:, 2].long(), self.params[:, 3]
+        p = RowParams.unpack(self.params)
+        self.greedy, self.temperature, self.top_k, self.top_p = p.greedy, p.temperature, p.top_k, p.top_p
 
     def load(self, rows: Sequence["FusedRow"], chained: bool = False) -> None:
         """Parameters, coins (every row's at its seed and draw, as ``SpecDecoder._coins`` draws them; a
@@ -123,9 +123,7 @@ class RoundSampling:
         parameters stay, and the q of its drafts is what the round in flight leaves in ``q_in``)."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
         if not chained:
-            table = [[1.0, 1.0, 0.0, 1.0] if r.params.greedy else
-                     [0.0, r.params.temperature, float(r.params.top_k), r.params.top_p] for r in rows]
-            self.params.copy_(torch.tensor(table + [[1.0, 1.0, 0.0, 1.0]] * pad), non_blocking=True)
+            self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
                                        [r.draw + chained for r in rows] + [0] * pad]), non_blocking=True)
         if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread

@@ -36,7 +36,7 @@ from engine.fused_round import FusedRounds, FusedRow
 from engine.models import ops
 from engine.request import FinishReason, Request, RequestOutput
 from engine.runner import Chunk, ModelRunner
-from engine.sampling import PLACEHOLDER_TOKEN_ID, coins, greedy_verify, probs_from_logits, rejection_sample
+from engine.sampling import PLACEHOLDER_TOKEN_ID, RowParams, coins, greedy_verify, probs_from_logits, rejection_sample
 from engine.tokenizer import Tokenizer
 
 
@@ -441,14 +441,9 @@ class SpecDecoder:
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if not sampled:
             return out, num_accepted
-        params = [reqs[i].params for i in sampled]
+        p = RowParams.of([reqs[i].params for i in sampled], dev).repeat(kmax + 1)
         rows = padded[sampled].reshape(len(sampled) * (kmax + 1), -1)
-        probs = probs_from_logits(
-            rows,
-            torch.tensor([p.temperature for p in params], device=dev).repeat_interleave(kmax + 1),
-            torch.tensor([p.top_k for p in params], device=dev).repeat_interleave(kmax + 1),
-            torch.tensor([p.top_p for p in params], device=dev).repeat_interleave(kmax + 1),
-        ).view(len(sampled), kmax + 1, -1)
+        probs = probs_from_logits(rows, p.temperature, p.top_k, p.top_p).view(len(sampled), kmax + 1, -1)
         q = self._draft_probs([items[i] for i in sampled], kmax, probs.shape[-1], dev)
         uniforms, noise = self._coins([reqs[i] for i in sampled], kmax, probs.shape[-1], dev)
         s_out, s_acc = rejection_sample(draft_ids[sampled], num_draft[sampled], probs, q, uniforms, noise)
