@@ -65,8 +65,9 @@ class SamplingParams:
     """Per-request sampling. ``temperature == 0`` is greedy decoding.
 
     ``top_k == 0`` and ``top_p == 1`` switch those filters off. ``k`` overrides the server's
-    draft length for this request (0 = plain decoding). ``seed`` makes sampled output
-    reproducible; None draws a fresh seed.
+    draft length for this request (0 = plain decoding); on the fused fast path a k above the
+    server's is capped at it (the output is the same, only the speed differs). ``seed`` makes
+    sampled output reproducible; None draws a fresh seed.
     """
 
     temperature: float = 0.0

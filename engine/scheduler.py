@@ -194,46 +194,48 @@ class Scheduler:
         def eager(reason: Reason) -> RoutedRow:
             return RoutedRow(r, Path.EAGER, reason, k, k, chunk)
 
-        fused = self.fast.fused
+        fast, fused, plain = self.fast, self.fast.fused, self.fast.fused_plain
         if chunk is not None or self.unseen(r) != 1:
             return eager(Reason.PREFILL)
         if not self.config.use_fused_rounds:
             return eager(Reason.FUSED_OFF)
         committed = len(r.token_ids)
         if r.request_id in self.demoted:
-            fits = self.fast.fused_plain.fits(committed)
+            fits = plain.fits(committed)
             return RoutedRow(r, Path.PLAIN, Reason.DEMOTED, 0, 0) if fits else eager(Reason.CONTEXT_FULL)
+        if k == 0 and plain is not None and r.request_id not in fast.next_drafts and plain.fits(committed):
+            return RoutedRow(r, Path.PLAIN, Reason.NO_DRAFTS, 0, 0)
         if fused is None:
             return eager(Reason.DRAFTER_WITHOUT_GRAPH)
         if not fused.fits(committed):
             return eager(Reason.CONTEXT_FULL)
-        if fused.k == 0:
-            if self.drafter is None or k == 0:
-                return RoutedRow(r, Path.FUSED, Reason.ON_GRAPH, k, 0)
-            return eager(Reason.K_MISMATCH)
-        if k != min(fused.k, r.room() - 1):
-            return eager(Reason.K_MISMATCH)
-        if r.request_id in self.fast.next_drafts:
-            return RoutedRow(r, Path.FUSED, Reason.ON_GRAPH, k, k)
-        return RoutedRow(r, Path.ENTERING, Reason.FIRST_DRAFTS, k, k)
+        num_draft = min(k, fused.k)  # the graph verifies the first k of its drafts; a k above its own is capped
+        if fused.k == 0 or r.request_id in fast.next_drafts:
+            return RoutedRow(r, Path.FUSED, Reason.ON_GRAPH, k, num_draft)
+        return RoutedRow(r, Path.ENTERING, Reason.FIRST_DRAFTS, k, num_draft)
 
     def wants(self, plan: RoundPlan) -> tuple[list[Request], list[int]]:
-        """The drafts the drafter makes this round: each off-graph row's k."""
-        return [row.request for row in plan.off_graph], [row.k for row in plan.off_graph]
+        """The drafts the drafter makes this round: an eager row's k; an entering row's the graph's k (or its
+        own, when larger: it takes those if it runs eagerly after all)."""
+        graph_k = self.fast.fused.k if self.fast.fused is not None else 0
+        return ([row.request for row in plan.off_graph],
+                [row.k if row.path is Path.EAGER else max(row.k, graph_k) for row in plan.off_graph])
 
     def settle(self, plan: RoundPlan, items: Sequence[RoundItem]) -> RoundPlan:
         """The plan once the drafter's drafts (``items``, in ``plan.off_graph`` order) are in: an entering row
-        whose first drafts are the graph's k (with their q when it samples), and whose drafter can go on in a
-        graph from here, joins the speculative graph; the rest run eagerly. Counts and logs the exits."""
+        with the graph's k first drafts (and their q when it samples), whose drafter can go on in a graph from
+        here, joins the speculative graph (verifying its ``num_draft`` of them); the rest run eagerly with their
+        own k. Counts and logs the exits."""
         fused, eager = list(plan.fused), []
         for row, it in zip(plan.off_graph, items):
             if row.path is Path.EAGER:
                 eager.append(dataclasses.replace(row, item=dataclasses.replace(it, prefill_chunk=row.prefill_chunk)))
             elif self._takes(row.request, it):
                 fused.append(dataclasses.replace(row, path=Path.FUSED, reason=Reason.ENTERED,
-                                                 num_draft=len(it.drafts), item=it))
+                                                 item=_first(it, self.fast.fused.k)))
             else:
-                eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY, item=it))
+                eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
+                                                 num_draft=row.k, item=_first(it, row.k)))
         ahead = not (self.waiting or eager or (fused and plan.plain))
         settled = RoundPlan(tuple(fused), plan.plain, tuple(eager), (), ahead)
         self._note_exits(settled)
@@ -241,7 +243,7 @@ class Scheduler:
 
     def _takes(self, r: Request, item: RoundItem) -> bool:
         fused = self.fast.fused
-        return (len(item.drafts) == fused.k and (r.params.greedy or item.probs is not None)
+        return (len(item.drafts) >= fused.k and (r.params.greedy or item.probs is not None)
                 and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
     def _note_exits(self, plan: RoundPlan) -> None:
@@ -251,3 +253,8 @@ class Scheduler:
             if row.reason not in seen:
                 seen.add(row.reason)
                 log.debug("request %s leaves the fast path: %s", row.request_id, row.reason.value)
+
+
+def _first(item: RoundItem, n: int) -> RoundItem:
+    """The item with its first n drafts (and their q)."""
+    return RoundItem(item.request_id, list(item.drafts)[:n], None if item.probs is None else item.probs[:n])

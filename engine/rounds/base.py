@@ -71,14 +71,13 @@ class Reason(str, enum.Enum):
     # fewer than the graph's k first drafts, no q for a sampled request, or the drafter's state not where a
     # graph round goes on from
     DRAFTER_NOT_READY = "drafter_not_ready"
-    K_MISMATCH = "k_mismatch"        # its k this round is not the graph's k (capped by the room left)
 
     @property
     def is_exit(self) -> bool:
         return self in EXITS
 
 
-EXITS = frozenset({Reason.DRAFTER_WITHOUT_GRAPH, Reason.CONTEXT_FULL, Reason.DRAFTER_NOT_READY, Reason.K_MISMATCH})
+EXITS = frozenset({Reason.DRAFTER_WITHOUT_GRAPH, Reason.CONTEXT_FULL, Reason.DRAFTER_NOT_READY})
 
 
 @dataclass(frozen=True)

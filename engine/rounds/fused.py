@@ -180,12 +180,13 @@ class FusedRounds:
         return self._replay(g, rows, list(lengths))
 
     def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
-        """Whether the next round of these rows can be launched now, before this one is read: each row
-        verifying its full k now and next round (room for two rounds and the drafts after them), and the next
-        round's longest row, however many drafts this one accepts, still inside this graph's context bucket."""
+        """Whether the next round of these rows can be launched now, before this one is read: room for two rounds
+        and the drafts after them in every row (so each verifies as many drafts next round as now: the chained
+        round keeps the num_draft column), and the next round's longest row, however many drafts this one
+        accepts, still inside this graph's context bucket."""
         k = self.k
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.num_draft == k and r.room >= 2 * k + 2 for r in rows)
+                and all(r.room >= 2 * k + 2 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
     def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:

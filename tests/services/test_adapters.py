@@ -126,7 +126,7 @@ def _colocated(decoder, prompts, params, ks) -> dict[str, list[int]]:
 
 def test_colocated_step_runs_fused_rounds(smollm):
     """Step (co-located serving) takes the fast path of ``tandem generate``: after a request's first drafts its
-    rounds are fused; a k the graph does not hold stays eager. Greedy output is the plain one, seeded sampled
+    rounds are fused, also those of a k below the graph's (b). Greedy output is the plain one, seeded sampled
     output the eager engine's (a prefill round carries no drafts here, so it is not generate's)."""
     prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}])
                for t in ("Count to five.", "Name two oceans.", "Say hi.")]
