@@ -188,23 +188,23 @@ class Scheduler:
         rows = [self._route(r, self.draft_len(r, k), c)
                 for r, k, c in zip(reqs, ks or [None] * len(reqs), chunks or [None] * len(reqs))]
         return RoundPlan(*(tuple(row for row in rows if row.path is p)
-                           for p in (Path.FUSED, Path.PLAIN, Path.EAGER, Path.ENTERING)))
+                           for p in (Path.FUSED, Path.FUSED_PLAIN, Path.EAGER, Path.ENTERING)))
 
     def _route(self, r: Request, k: int, chunk: int | None) -> RoutedRow:
         def eager(reason: Reason) -> RoutedRow:
             return RoutedRow(r, Path.EAGER, reason, k, k, chunk)
 
-        fast, fused, plain = self.fast, self.fast.fused, self.fast.fused_plain
+        fast, fused, fused_plain = self.fast, self.fast.fused, self.fast.fused_plain
         if chunk is not None or self.unseen(r) != 1:
             return eager(Reason.PREFILL)
         if not self.config.use_fused_rounds:
             return eager(Reason.FUSED_OFF)
         committed = len(r.token_ids)
         if r.request_id in self.demoted:
-            fits = plain.fits(committed)
-            return RoutedRow(r, Path.PLAIN, Reason.DEMOTED, 0, 0) if fits else eager(Reason.CONTEXT_FULL)
-        if k == 0 and plain is not None and r.request_id not in fast.next_drafts and plain.fits(committed):
-            return RoutedRow(r, Path.PLAIN, Reason.NO_DRAFTS, 0, 0)
+            fits = fused_plain.fits(committed)
+            return RoutedRow(r, Path.FUSED_PLAIN, Reason.DEMOTED, 0, 0) if fits else eager(Reason.CONTEXT_FULL)
+        if k == 0 and fused_plain is not None and r.request_id not in fast.next_drafts and fused_plain.fits(committed):
+            return RoutedRow(r, Path.FUSED_PLAIN, Reason.NO_DRAFTS, 0, 0)
         if fused is None:
             return eager(Reason.DRAFTER_WITHOUT_GRAPH)
         if not fused.fits(committed):
@@ -236,8 +236,8 @@ class Scheduler:
             else:
                 eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
                                                  num_draft=row.k, item=_first(it, row.k)))
-        ahead = not (self.waiting or eager or (fused and plan.plain))
-        settled = RoundPlan(tuple(fused), plan.plain, tuple(eager), (), ahead)
+        ahead = not (self.waiting or eager or (fused and plan.fused_plain))
+        settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
         self._note_exits(settled)
         return settled
 

@@ -161,7 +161,7 @@ class SpecDecoder:
             self.fast.forget(row.request_id)
         plan = self.scheduler.settle(plan, self.propose(*self.scheduler.wants(plan)))
         outputs = []
-        for graph, rows in ((self.fused, plan.fused), (self.fused_plain, plan.plain)):
+        for graph, rows in ((self.fused, plan.fused), (self.fused_plain, plan.fused_plain)):
             if rows:
                 outputs += self._commit(_requests(rows), self.fast.run(graph, rows, plan.launch_ahead))
         if plan.eager:

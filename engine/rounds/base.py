@@ -46,10 +46,10 @@ class RowResult:
 class Path(enum.Enum):
     """Which executor runs a row."""
 
-    FUSED = "fused"        # the speculative graph, ``SpecDecoder.fused`` (with k 0 it decodes plainly)
-    PLAIN = "plain"        # the plain graph, ``SpecDecoder.fused_plain`` (k 0, no drafter)
-    EAGER = "eager"        # the eager round (engine/rounds/eager.py)
-    ENTERING = "entering"  # before the drafter ran: the row asks for the graph's k first drafts, then FUSED or EAGER
+    FUSED = "fused"              # the speculative graph, ``SpecDecoder.fused`` (with k 0 it decodes plainly)
+    FUSED_PLAIN = "fused_plain"  # the plain graph, ``SpecDecoder.fused_plain`` (k 0, no drafter)
+    EAGER = "eager"              # the eager round (engine/rounds/eager.py)
+    ENTERING = "entering"        # before the drafter ran: it asks for the graph's k first drafts; then FUSED or EAGER
 
 
 class Reason(str, enum.Enum):
@@ -59,8 +59,8 @@ class Reason(str, enum.Enum):
     # on a graph
     ON_GRAPH = "on_graph"            # FUSED: its drafts in hand from the graph's last round (or a graph of k 0)
     ENTERED = "entered"              # FUSED: its first drafts came from the drafter this round
-    NO_DRAFTS = "no_drafts"          # PLAIN: it verifies no drafts this round (k 0) and the plain graph exists
-    DEMOTED = "demoted"              # PLAIN: it ran while more than spec_max_batch requests did, plain to its end
+    NO_DRAFTS = "no_drafts"          # FUSED_PLAIN: it verifies no drafts this round (k 0) and that graph exists
+    DEMOTED = "demoted"              # FUSED_PLAIN: it ran while more than spec_max_batch requests did: to its end
     FIRST_DRAFTS = "first_drafts"    # ENTERING: waits for the drafter's first drafts
     # eager, and no exit: every request starts here, or the decoder has no fast path
     PREFILL = "prefill"              # (a chunk of) its prompt is not in the target's KV yet
@@ -102,7 +102,7 @@ class RoundPlan:
     read (the same rows will come back: none waits to join, none runs eagerly, one graph runs)."""
 
     fused: tuple[RoutedRow, ...] = ()
-    plain: tuple[RoutedRow, ...] = ()
+    fused_plain: tuple[RoutedRow, ...] = ()
     eager: tuple[RoutedRow, ...] = ()
     entering: tuple[RoutedRow, ...] = ()
     launch_ahead: bool = False

@@ -60,7 +60,7 @@ class FastPath:
     def expect(self, plan: RoundPlan) -> None:
         """Before the drafter runs for a round: a round launched ahead for other rows than those about to run on
         its graph is dropped (every one, while any row runs off the graphs)."""
-        for g, rows in ((self.fused, plan.fused), (self.fused_plain, plan.plain)):
+        for g, rows in ((self.fused, plan.fused), (self.fused_plain, plan.fused_plain)):
             if g is not None:
                 g.expect(() if plan.off_graph else tuple(row.request_id for row in rows))
 
