@@ -84,7 +84,7 @@ def _rejection(batch: int, k: int) -> Callable[[], object]:
 
 
 def _chain(batch: int, k: int) -> Callable[[], object]:
-    from engine.fused_round import FusedRounds
+    from engine.rounds.fused import FusedRounds
 
     g = SimpleNamespace(inputs=torch.zeros(batch, k + 2, dtype=torch.long),
                         attn=SimpleNamespace(kv_lens=torch.full((batch,), 100)))

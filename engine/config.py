@@ -65,8 +65,9 @@ class SamplingParams:
     """Per-request sampling. ``temperature == 0`` is greedy decoding.
 
     ``top_k == 0`` and ``top_p == 1`` switch those filters off. ``k`` overrides the server's
-    draft length for this request (0 = plain decoding). ``seed`` makes sampled output
-    reproducible; None draws a fresh seed.
+    draft length for this request (0 = plain decoding); on the fused fast path a k above the
+    server's is capped at it (the output is the same, only the speed differs). ``seed`` makes
+    sampled output reproducible; None draws a fresh seed.
     """
 
     temperature: float = 0.0
@@ -110,12 +111,12 @@ class EngineConfig:
     draft_top_m: int = 0  # sampled drafts: draw from (and send) only the top m tokens; 0 = the full distribution
     max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
     cuda_graphs: bool | None = None  # plain decode steps through captured graphs; None: on for cuda, off for cpu
-    fused_rounds: bool | None = None  # rounds as one graph each (engine/fused_round.py); None: with cuda_graphs
+    fused_rounds: bool | None = None  # rounds as one graph each (engine/rounds/fused.py); None: with cuda_graphs
     # fused rounds speculate only while at most this many requests run: a request running while more do decodes
     # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
     spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 3
     # while at most this many requests run a fused round, the next round is launched before this one is read, its
-    # inputs chained on the device (engine/fused_round.py: the host's work overlaps the GPU's); 0: never; None: 8
+    # inputs chained on the device (engine/rounds/ahead.py: the host's work overlaps the GPU's); 0: never; None: 8
     # where rounds are captured (cuda), 0 where they run eagerly
     pipeline_max_batch: int | None = None
 

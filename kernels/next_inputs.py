@@ -1,6 +1,6 @@
 """The next round's inputs from this round's verdict, in place, in one launch and without a host sync.
 
-What a fused round launched ahead reads (``engine.fused_round``): row b of a round ran with its last
+What a fused round launched ahead reads (``engine.rounds.fused``): row b of a round ran with its last
 committed token t0 and K drafts in ``inputs[b, :K+1]`` (``inputs[b, K+1]``: how many of them to verify,
 left as it is) and a KV length ``kv_lens[b]`` = L + K + 1. Verification committed
 ``committed[b, :num_accepted[b] + 1]`` (accepted drafts, then the recovered or bonus token), and the

@@ -7,6 +7,7 @@ import logging
 from engine.config import SamplingParams
 from engine.spec import RoundItem
 from protos.tandem.v1 import verifier_pb2, verifier_pb2_grpc
+from rpc.metrics import engine_counter
 from rpc.server import Service, run, serve_engine_service
 from rpc.telemetry import setup_tracing
 from verifier_svc.service import PrefillItem, VerifierEngine
@@ -37,6 +38,8 @@ async def serve(settings: VerifierSettings) -> None:
     engine = VerifierEngine(built.decoder)
     servicer = VerifierServicer(engine, built.target.config.vocab_size)
     log.info("verifier: model %s, embedded drafter %s", built.target.source, settings.draft)
+    engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
+                   "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: servicer.run(warm_up, engine), engine.stats)

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from engine.config import SamplingParams
 from engine.request import RequestOutput
+from engine.rounds.base import EXITS
 from engine.spec import CapacityError, RoundItem, SpecDecoder
 
 Result = RequestOutput | Exception
@@ -128,6 +129,12 @@ class VerifierEngine:
 
     def release(self, ids: Sequence[str]) -> int:
         return sum(self.decoder.abort(rid) for rid in ids)
+
+    def fast_path_exits(self) -> dict[str, int]:
+        """Rows of co-located rounds that ran eagerly although the fast path exists, by reason (every exit reason,
+        0 where none); safe to call from the metrics thread (a copy of the engine's counts, no GPU sync)."""
+        counts = dict(self.decoder.fast_path_exits)
+        return {reason.value: counts.get(reason.value, 0) for reason in EXITS}
 
     def stats(self) -> dict[str, int]:
         alloc = self.decoder.target.allocator

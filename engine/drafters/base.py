@@ -12,7 +12,7 @@ Capabilities are declared as attributes, never inferred from names:
   empty for drafters that need only tokens. When set, whoever runs the target hands each
   request's new aux features to ``propose`` (``DraftRequest.features``) exactly once;
   ``feature_size`` is their width per position (0 when ``target_features`` is empty).
-- ``graph_rounds``: the drafter can draft inside a fused round's graph (engine/fused_round.py):
+- ``graph_rounds``: the drafter can draft inside a fused round's graph (engine/rounds/fused.py):
   ``round_program(rows, k, max_blocks, sampled)`` returns its ``DraftProgram`` for one bucket (sampled:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through

@@ -20,7 +20,7 @@ import torch
 from engine.config import SamplingParams
 from engine.drafters.base import DraftRequest
 from engine.models import ops
-from engine.sampling import coins, probs_from_logits, sample_from_probs
+from engine.sampling import RowParams, coins, probs_from_logits, sample_from_probs
 
 
 class DraftSampler:
@@ -67,11 +67,8 @@ class DraftSampler:
             return tokens, None
         dev = logits.device
         params = [reqs[i].params for i in sampled]
-        q_rows = probs_from_logits(
-            logits[sampled],
-            torch.tensor([p.temperature for p in params], device=dev),
-            torch.tensor([p.top_k for p in params], device=dev),
-            torch.tensor([p.top_p for p in params], device=dev))
+        p = RowParams.of(params, dev)
+        q_rows = probs_from_logits(logits[sampled], p.temperature, p.top_k, p.top_p)
         if self.top_m:
             q_rows = keep_top_m(q_rows, self.top_m)
         v = q_rows.shape[-1]

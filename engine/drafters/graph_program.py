@@ -1,4 +1,4 @@
-"""A drafter's part of a fused round (engine/fused_round.py): catch-up and k drafts on the device.
+"""A drafter's part of a fused round (engine/rounds/fused.py): catch-up and k drafts on the device.
 
 Shared by every drafter that drafts inside the round's graph; a subclass says what one forward of
 its model is. Rows: R requests; L = a row's committed tokens before its last (t0, at position L).
@@ -32,7 +32,7 @@ from engine.models import ops
 from engine.sampling import coins
 
 if TYPE_CHECKING:
-    from engine.fused_round import RoundSampling
+    from engine.rounds.graph_sampling import RoundSampling
     from engine.runner import ModelRunner
 
 

@@ -149,7 +149,9 @@ def test_cancelling_a_stream_frees_kv(split_stack):
                     return held
     held = run(scenario())
     assert held > 0
-    _wait_idle(split_stack, ["verifier", "drafter"])
+    m = _wait_idle(split_stack, ["verifier", "drafter"])
+    # the verifier exports its fast path's exits by reason (split mode: no co-located rounds, none)
+    assert m["verifier"]['tandem_fast_path_exits_total{reason="context_full"}'] == 0
 
 
 def test_client_deadline_frees_kv(split_stack):

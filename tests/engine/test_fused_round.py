@@ -1,4 +1,4 @@
-"""The fast path (engine/fused_round.py): rounds as one graph each, here run eagerly on the CPU.
+"""The fast path (engine/rounds/fused.py): rounds as one graph each, here run eagerly on the CPU.
 
 Fused rounds must decode exactly what the eager engine decodes: plain (k = 0) and with the default
 EAGLE drafter, whose drafts inside the round must be the drafts the eager drafter makes (equal
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SamplingParams
-from engine.fused_round import Mode
+from engine.rounds.fused import Mode
 from engine.graphs import PAD_SEQ
 from tests.conftest import make_decoder
 
@@ -70,7 +70,7 @@ def test_requests_join_between_fused_rounds_beside_sampled_ones(smollm, prompts)
         if step == 3:  # a greedy and a sampled request arrive while the first is on the fast path
             tokens[dec.add_request(prompts[1], greedy)] = []
             tokens[dec.add_request(prompts[0], sampled)] = []
-            assert first in dec._pending
+            assert first in dec.fast.next_drafts
         for o in dec.step():
             tokens[o.request_id] += o.new_token_ids
         if not dec.has_unfinished():
@@ -115,8 +115,8 @@ def test_abort_on_the_fast_path_frees_the_target_and_head_kv(smollm, prompts):
     rid = dec.add_request(prompts[2], SamplingParams(max_tokens=200, ignore_eos=True))
     for _ in range(4):
         dec.step()
-    assert rid in dec._pending and target.length(rid) > 0 and head.length(rid) > 0
-    assert dec.abort(rid) and rid not in dec._pending
+    assert rid in dec.fast.next_drafts and target.length(rid) > 0 and head.length(rid) > 0
+    assert dec.abort(rid) and rid not in dec.fast.next_drafts
     assert rid not in target and rid not in head and (target.free_blocks, head.free_blocks) == free
     assert PAD_SEQ in target and PAD_SEQ in head  # the scratch blocks stay reserved
 
@@ -132,7 +132,7 @@ def test_requests_of_a_batch_above_spec_max_batch_decode_plainly(smollm, prompts
     assert [o.new_token_ids for o in got[:2]] == [o.new_token_ids for o in want]
     assert len(got[2].new_token_ids) == 12
     assert all(o.drafted == 0 for o in got) and dec.fused_plain._graphs and not dec.fused._graphs
-    assert not dec._plain and set(dec.drafter.runner.allocator._seqs) <= {PAD_SEQ}  # no head state left behind
+    assert not dec.scheduler.demoted and set(dec.drafter.runner.allocator._seqs) <= {PAD_SEQ}  # no head state left behind
     alone = dec.generate(prompts[3:], SamplingParams(max_tokens=24, ignore_eos=True))
     assert alone[0].accepted > 0 and dec.fused._graphs
     assert make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True).fused_plain is None  # default: off

@@ -1,4 +1,4 @@
-"""Fused rounds launched ahead (engine/fused_round.py, ``pipeline_max_batch``), here run eagerly on the CPU.
+"""Fused rounds launched ahead (engine/rounds/ahead.py, ``pipeline_max_batch``), here run eagerly on the CPU.
 
 While the same requests keep running, the next round is launched before this one is read, its inputs
 (last committed token, next drafts and their q, KV lengths) chained on the device, the coins and drafter
@@ -63,7 +63,7 @@ def test_arrivals_and_an_abort_drop_the_round_launched_ahead(smollm, prompts):
     doomed = None
     for step in range(60):
         if step == 4:  # a greedy and a sampled request arrive while the first runs rounds ahead
-            assert dec.fused._ahead is not None and dec.fused.rounds_ahead >= 1
+            assert dec.fused.ahead.launch is not None and dec.fused.rounds_ahead >= 1
             tokens[dec.add_request(prompts[1], greedy)] = []
             tokens[dec.add_request(prompts[0], sampled)] = []
         if step == 12:  # a fourth comes and is aborted two rounds later
@@ -102,13 +102,13 @@ def test_blocks_a_round_launched_ahead_holds_stay_until_it_is_read_or_dropped(sm
     for _ in range(40):  # until the round in flight holds a block past the committed length
         dec.step()
         length = target.length(rid)
-        if dec.fused._ahead is not None and len(target.block_table(rid)) > target.blocks_for(length):
+        if dec.fused.ahead.launch is not None and len(target.block_table(rid)) > target.blocks_for(length):
             break
     # it may commit every draft: its blocks cover what it writes
     assert len(target.block_table(rid)) > target.blocks_for(length)
     assert len(target.block_table(rid)) * target.block_size >= length + 4 + 1
     dec.fused.expect(())  # e.g. the request is about to run elsewhere
-    assert len(target.block_table(rid)) == target.blocks_for(length) and dec.fused._ahead is None
+    assert len(target.block_table(rid)) == target.blocks_for(length) and dec.fused.ahead.launch is None
     for _ in range(3):  # and it goes on
         dec.step()
     assert target.length(rid) > length

@@ -237,3 +237,24 @@ def test_sample_from_probs_adversarial_noise_never_picks_zero_probability():
     assert sample_from_probs(probs, noise).tolist() == [3, 0, 3]  # 0.7/80 > 0.3/50
     # with unit noise it is the argmax of probs
     assert sample_from_probs(probs, torch.ones_like(probs)).tolist() == [3, 0, 3]
+
+
+def test_packed_rows_round_trip_with_greedy_padding():
+    """The one packing every round uses: sampled rows keep their parameters, greedy rows and padding are
+    GREEDY_ROW, and unpacking gives what probs_from_logits reads."""
+    from engine.config import SamplingParams
+    from engine.sampling import GREEDY_ROW, RowParams, pack_rows
+
+    params = [SamplingParams(temperature=0.7, top_k=40, top_p=0.9), SamplingParams(),
+              SamplingParams(temperature=1.3)]
+    packed = pack_rows(params, rows=5)
+    assert packed.dtype == torch.float32 and packed.shape == (5, 4)
+    for i in (1, 3, 4):
+        assert tuple(packed[i].tolist()) == GREEDY_ROW
+    rows = RowParams.unpack(packed)
+    assert rows.greedy.tolist() == [False, True, False, True, True]
+    assert rows.top_k.dtype == torch.int64 and rows.top_k.tolist() == [40, 0, 0, 0, 0]
+    assert torch.equal(rows.temperature[[0, 2]], torch.tensor([0.7, 1.3]))
+    assert torch.equal(rows.top_p[[0, 2]], torch.tensor([0.9, 1.0]))
+    again = RowParams.of(params, torch.device("cpu")).repeat(2)
+    assert again.top_k.tolist() == [40, 40, 0, 0, 0, 0] and again.greedy.tolist() == [False] * 2 + [True] * 2 + [False] * 2

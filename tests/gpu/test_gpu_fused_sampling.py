@@ -1,4 +1,4 @@
-"""Sampling inside fused rounds on the GPU (engine/fused_round.py): captured graphs, float32.
+"""Sampling inside fused rounds on the GPU (engine/rounds/fused.py): captured graphs, float32.
 
 1. Seeded sampled requests (with and without top-k / top-p) beside a greedy one decode on the
    captured fast path what the eager engine decodes: the graph draws on the same per-request
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.config import SamplingParams
-from engine.fused_round import Mode
+from engine.rounds.fused import Mode
 from tests.conftest import make_decoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

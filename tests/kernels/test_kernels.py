@@ -281,7 +281,7 @@ def chained_round(gen: torch.Generator, r: int, k: int, padding: int):
 def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, padding):
     from types import SimpleNamespace
 
-    from engine.fused_round import FusedRounds
+    from engine.rounds.fused import FusedRounds
 
     inputs, kv, committed, accepted, next_drafts = chained_round(torch.Generator().manual_seed(r + k), r, k, padding)
     want = next_inputs_reference(inputs, kv, committed, accepted, next_drafts)

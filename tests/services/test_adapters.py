@@ -126,7 +126,7 @@ def _colocated(decoder, prompts, params, ks) -> dict[str, list[int]]:
 
 def test_colocated_step_runs_fused_rounds(smollm):
     """Step (co-located serving) takes the fast path of ``tandem generate``: after a request's first drafts its
-    rounds are fused; a k the graph does not hold stays eager. Greedy output is the plain one, seeded sampled
+    rounds are fused, also those of a k below the graph's (b). Greedy output is the plain one, seeded sampled
     output the eager engine's (a prefill round carries no drafts here, so it is not generate's)."""
     prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}])
                for t in ("Count to five.", "Name two oceans.", "Say hi.")]
@@ -151,6 +151,27 @@ def test_colocated_step_picks_up_the_round_launched_ahead(smollm):
     decoder = make_decoder(smollm, "layerskip:4", k=4, fused_rounds=True, pipeline_max_batch=8)
     assert _colocated(decoder, prompts, params, ks) == want
     assert decoder.fused.rounds_ahead > 0
+
+
+def test_fast_path_exits_are_exported_by_reason(smollm):
+    """Co-located Step with a drafter that cannot draft inside a graph (n-gram) while fused rounds are on: every
+    decoding round is an exit, exported as tandem_fast_path_exits_total{reason} (every exit reason, 0 where none),
+    read from the engine's counts at the scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rpc.metrics import engine_counter
+
+    eng = VerifierEngine(make_decoder(smollm, "ngram", k=3, cuda_graphs=True, fused_rounds=True))
+    registry = CollectorRegistry()
+    engine_counter("tandem_fast_path_exits", "exits", "reason", eng.fast_path_exits, registry)
+    prompt = smollm.tokenizer.encode_chat([{"role": "user", "content": "Count to five."}])
+    eng.prefill([PrefillItem("a", prompt, [], GREEDY)])  # a prefill is no exit
+    for _ in range(3):
+        eng.step(["a"], [None])
+    text = generate_latest(registry).decode()
+    assert 'tandem_fast_path_exits_total{reason="drafter_without_graph"} 3.0' in text
+    assert 'tandem_fast_path_exits_total{reason="context_full"} 0.0' in text
+    assert 'tandem_fast_path_exits_total{reason="drafter_not_ready"} 0.0' in text
 
 
 @pytest.mark.parametrize("ids, probs, drafts, message", [

@@ -1,13 +1,14 @@
-"""The co-located fast path: a whole round for a batch in one CUDA graph, one host sync.
+"""The graph executor of the co-located fast path: a whole round for a batch in one CUDA graph, one host sync.
 
 A *fused round* takes R rows (requests), each with its last committed token t0 (not yet in the
-target's KV, at position L) and k pending drafts, and in one graph
+target's KV, at position L), k pending drafts and how many of them to verify (``num_draft`` <= k: fewer
+for a request whose own k is smaller, or near its max_tokens), and in one graph
 1. verifies: the target runs over ``[t0, d1 .. dk]`` of every row (StaticAttention, q_len k + 1,
    plus the aux features a feature-fed drafter reads);
 2. accepts: ``greedy_verify`` against the target's argmax, and for sampled rows
    ``rejection_sample`` against the target's distribution (temperature / top-k / top-p per row)
    and the drafts' q -> committed tokens ``[R, k+1]`` (accepted drafts, then the recovered or
-   bonus token) and ``num_accepted`` [R];
+   bonus token) and ``num_accepted`` [R]; drafts (and q rows) past a row's num_draft are never read;
 3. drafts: the drafter's ``DraftProgram`` catches up on the committed tokens and drafts the next
    round's k tokens (and, for sampled rows, their q), on the device (EAGLE:
    engine/drafters/eagle_graph.py).
@@ -15,23 +16,17 @@ Outputs land in one ``[R, 2k + 2]`` buffer (committed tokens, accepted count, ne
 host reads once per round; the next drafts' q (sampled rows) stays on the device until the next
 round verifies them, and everything else the next round needs stays in the two KV caches.
 With k = 0 and no drafter it is plain decoding (greedy or sampled) through one graph per step.
-
-Randomness never comes from inside a graph: a sampled row's coins (k uniforms and one
-row of Exponential(1) noise per round, as the eager round draws them) are drawn for the whole batch
-into the round's preallocated buffers before the replay, one launch each, from the requests' seeds
-and draw numbers (engine/sampling/coins.py); the drafter draws its noise the same way. So a seeded
-request decodes the same tokens on this path as on the eager one.
+Sampling (modes, coins drawn outside the graph): engine/rounds/graph_sampling.py.
 
 Host work per round: grow each row's KV allocation for the round, copy the tokens, block tables
 and (sampled) parameters and coins in, replay, read the one buffer, roll each row's KV back to its
 committed length. Graphs are keyed by (rows bucket, context bucket, sampling mode), captured
 lazily into one pool; on the CPU the same code runs eagerly (``capture=False``), which is how it is
-tested without a GPU.
+tested without a GPU. The next round may be launched before this one is read (engine/rounds/ahead.py).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -41,26 +36,14 @@ from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
 from engine.models import ops
-from engine.sampling import coins, greedy_verify, probs_from_logits, rejection_sample
+from engine.rounds.ahead import Launch, LaunchedAhead
+from engine.rounds.base import RowResult
+from engine.rounds.graph_sampling import Mode, RoundSampling
+from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram, Drafter
     from engine.runner import ModelRunner
-
-
-class Mode(enum.IntEnum):
-    """What a round's graph accepts with: part of its key, decided on the host from the rows' params."""
-
-    GREEDY = 0    # every row greedy: argmax matching only
-    SAMPLED = 1   # some rows sample (temperature only): rejection sampling beside the greedy rows
-    FILTERED = 2  # and some use top-k / top-p: the sorting path of probs_from_logits
-
-    @classmethod
-    def of(cls, params: Sequence[SamplingParams]) -> "Mode":
-        sampled = [p for p in params if not p.greedy]
-        if not sampled:
-            return cls.GREEDY
-        return cls.FILTERED if any(p.top_k > 0 or p.top_p < 1.0 for p in sampled) else cls.SAMPLED
 
 
 @dataclass(frozen=True)
@@ -69,71 +52,10 @@ class FusedRow:
     token_ids: Sequence[int]        # every committed token; the last (t0) is not yet in the target's KV
     drafts: Sequence[int]           # the k pending drafts (empty with k = 0)
     params: SamplingParams          # seed resolved
-    num_draft: int                  # drafts to verify, <= k: fewer near max_tokens, as the eager round
+    num_draft: int                  # drafts to verify, <= k: the request's own k, fewer near max_tokens
     q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
     draw: int = 0                   # the request's draw number for this round's coins (sampled rows)
     room: int = 0                   # tokens the request may still commit (0: unknown, never launched ahead)
-
-
-@dataclass(frozen=True)
-class RowResult:
-    committed: list[int]  # accepted drafts + the recovered / bonus token (num_accepted + 1 tokens)
-    num_accepted: int
-    next_drafts: list[int]  # k drafts for the next round (empty with k = 0)
-    next_q: torch.Tensor | None = None  # [k, V] their q (sampled rows): a view, valid until the next round
-
-
-@dataclass
-class RoundSampling:
-    """Device buffers of a sampling round, refilled on the host before each replay (padding rows greedy).
-
-    The per-row parameters cross in one copy (``params`` [R, 4]: greedy, temperature, top_k, top_p);
-    ``unpack`` turns them into the tensors below inside the graph, once per round."""
-
-    filtered: bool
-    params: torch.Tensor       # [R, 4] float32
-    draws: torch.Tensor        # [2, R] int64: each row's seed and draw number
-    uniforms: torch.Tensor     # [R, k] float32: the round's acceptance coins
-    noise: torch.Tensor        # [R, V] float32 Exponential(1): the recovered / bonus draw
-    q_in: torch.Tensor | None  # [R, k, V] float32: q of the drafts being verified (k > 0)
-    zero_q: torch.Tensor | None  # [k, V] zeros: the q of a greedy row (any finite q; its result is unused)
-    greedy: torch.Tensor | None = None       # [R] bool
-    temperature: torch.Tensor | None = None  # [R] float32, 1 on greedy rows
-    top_k: torch.Tensor | None = None        # [R] int64
-    top_p: torch.Tensor | None = None        # [R] float32
-
-    @classmethod
-    def allocate(cls, rows: int, k: int, vocab: int, filtered: bool,
-                 device: torch.device) -> "RoundSampling":
-        params = torch.tensor([[1.0, 1.0, 0.0, 1.0]] * rows, device=device)
-        return cls(filtered, params, torch.zeros(2, rows, dtype=torch.long, device=device),
-                   torch.zeros(rows, k, device=device), torch.ones(rows, vocab, device=device),
-                   torch.zeros(rows, k, vocab, device=device) if k else None,
-                   torch.zeros(k, vocab, device=device) if k else None)
-
-    def unpack(self) -> None:
-        """Inside the graph: the parameter tensors every part of the round reads."""
-        self.greedy = self.params[:, 0] > 0.5
-        self.temperature, self.top_k, self.top_p = self.params[:, 1], self.params[:, 2].long(), self.params[:, 3]
-
-    def load(self, rows: Sequence["FusedRow"], chained: bool = False) -> None:
-        """Parameters, coins (every row's at its seed and draw, as ``SpecDecoder._coins`` draws them; a
-        greedy or padding row's are drawn and unused) and the pending drafts' q; rows past the batch become
-        greedy padding. ``chained``: the round after the one in flight (its draw numbers one further; the
-        parameters stay, and the q of its drafts is what the round in flight leaves in ``q_in``)."""
-        n, pad = len(rows), self.params.shape[0] - len(rows)
-        if not chained:
-            table = [[1.0, 1.0, 0.0, 1.0] if r.params.greedy else
-                     [0.0, r.params.temperature, float(r.params.top_k), r.params.top_p] for r in rows]
-            self.params.copy_(torch.tensor(table + [[1.0, 1.0, 0.0, 1.0]] * pad), non_blocking=True)
-        self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
-                                       [r.draw + chained for r in rows] + [0] * pad]), non_blocking=True)
-        if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread
-            seeds, counters = self.draws[:, :n]
-            coins.fill(self.uniforms[:n], seeds, counters, coins.Stream.ACCEPT)
-            coins.fill(self.noise[:n], seeds, counters, coins.Stream.RECOVER, exponential=True)
-        if self.q_in is not None and not chained:  # one gather straight into the buffer
-            torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])
 
 
 @dataclass
@@ -146,25 +68,6 @@ class _RoundGraph:
     out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
-
-
-@dataclass
-class _Launch:
-    """A replay on its way: the rows it runs (request ids, in order), each row's L (None while it is chained
-    from a round not yet read) and where its output lands on the host."""
-
-    g: _RoundGraph
-    rows: tuple[str, ...]
-    lengths: list[int] | None
-    out: torch.Tensor                  # [n, 2k+2] on the host (a pinned slot) or the graph's own buffer (eager)
-    done: "torch.cuda.Event | None"
-    sampled: tuple[str, ...] = ()      # its sampled rows (a dropped round gives back their drafter draws)
-
-    def read(self) -> list[list[int]]:
-        """The round's one host sync."""
-        if self.done is not None:
-            self.done.synchronize()
-        return self.out.tolist()
 
 
 class FusedRounds:
@@ -186,7 +89,7 @@ class FusedRounds:
         self._offsets = torch.arange(k + 1, device=target.device)
         self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self._ahead: _Launch | None = None  # the next round, launched before the last one was read
+        self.ahead = LaunchedAhead(alloc)  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
@@ -196,12 +99,21 @@ class FusedRounds:
         self._launches = 0
         self.rounds = 0  # rounds run (a counter for stats and tests)
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
-        self.dropped = 0  # rounds launched ahead whose rows did not come back as they were (wasted, never read)
+
+    @property
+    def dropped(self) -> int:
+        """Rounds launched ahead whose rows did not come back as they were (wasted, never read)."""
+        return self.ahead.dropped
 
     # ------------------------------------------------------------------ host side
     def fits(self, committed: int) -> bool:
         """Whether a row with this many committed tokens can take a round (its KV and drafts fit)."""
         return committed + 2 * self.k + 1 <= self.max_context
+
+    def expect(self, request_ids: tuple[str, ...]) -> None:
+        """Before the rows of a round are chosen to run anywhere: unless the round launched ahead runs exactly
+        these requests next, forget it and give back the KV blocks it held past each row's length."""
+        self.ahead.expect(request_ids)
 
     def run(self, rows: Sequence[FusedRow], ahead: bool = False) -> list[RowResult]:
         """One round for these rows. ``ahead``: the caller means to run the same rows again next (nothing
@@ -210,27 +122,22 @@ class FusedRounds:
         host's work on this round's output then overlaps the GPU's next round."""
         k, n = self.k, len(rows)
         lengths = [len(r.token_ids) - 1 for r in rows]  # L: everything but t0 is in the target's KV
-        ids = tuple(r.request_id for r in rows)
-        launch, self._ahead = self._ahead, None
-        if launch is not None and (launch.rows != ids or launch.lengths != lengths):
-            self._drop(launch)
-            launch = None
-        g = launch.g if launch is not None else None
+        launch = self.ahead.take(tuple(r.request_id for r in rows), lengths, tuple(r.num_draft for r in rows))
         if launch is None:
             launch = self._launch(rows, lengths)
-            g = launch.g
         else:  # the KV lengths this round wrote, inside the blocks it was launched with
             self.rounds_ahead += 1
             for r, length in zip(rows, lengths):
                 self.target.allocator.extend(r.request_id, length + k + 1)
-            if g.program is not None:
-                g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
+            if launch.g.program is not None:
+                launch.g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
+        g = launch.g
         chained = ahead and self._chains(g, rows, lengths)
         q_out = g.q_out
         if chained:
             if q_out is not None:  # the next drafts' q, before the round launched next overwrites it
                 q_out = q_out[:n].clone()
-            self._ahead = self._launch_chained(g, rows, lengths)
+            self.ahead.hold(self._launch_chained(g, rows, lengths))
         out = launch.read()
         self.rounds += 1
         alloc = self.target.allocator
@@ -241,27 +148,10 @@ class FusedRounds:
             if g.program is not None:
                 g.program.commit(r.request_id, length + a + 2, keep_blocks=chained)  # tokens committed
             q = q_out[i] if q_out is not None and not r.params.greedy else None
-            results.append(RowResult(row[: a + 1], a, row[k + 2:], q))
+            results.append(RowResult(row[: a + 1], a, r.num_draft, row[k + 2:] if k else None, q))
         if chained:  # the L each row will have once this round's tokens are committed
-            self._ahead.lengths = [length + row[k + 1] + 1 for length, row in zip(lengths, out)]
+            self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)])
         return results
-
-    def expect(self, request_ids: tuple[str, ...]) -> None:
-        """Before the rows of a round are chosen to run anywhere: unless the round launched ahead runs exactly
-        these requests next, forget it and give back the KV blocks it held past each row's length (no other
-        forward may see them)."""
-        if self._ahead is not None and self._ahead.rows != request_ids:
-            self._drop(self._ahead)
-            self._ahead = None
-
-    def _drop(self, launch: _Launch) -> None:
-        self.dropped += 1
-        if launch.sampled and launch.g.program is not None:
-            launch.g.program.rewind(launch.sampled)
-        for alloc in {self.target.allocator} | ({launch.g.program.allocator} if launch.g.program else set()):
-            for rid in launch.rows:
-                if rid in alloc:
-                    alloc.truncate(rid, alloc.length(rid))
 
     def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _RoundGraph:
         rows_b = next(b for b in self.batch_buckets if b >= len(rows))
@@ -269,7 +159,7 @@ class FusedRounds:
         mode = Mode.of([r.params for r in rows])
         return self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)
 
-    def _launch(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _Launch:
+    def _launch(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:
         """A round from the host's state: every input copied in, then the replay."""
         k, n = self.k, len(rows)
         g = self._graph(rows, lengths)
@@ -290,15 +180,16 @@ class FusedRounds:
         return self._replay(g, rows, list(lengths))
 
     def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
-        """Whether the next round of these rows can be launched now, before this one is read: each row
-        verifying its full k now and next round (room for two rounds and the drafts after them), and the next
-        round's longest row, however many drafts this one accepts, still inside this graph's context bucket."""
+        """Whether the next round of these rows can be launched now, before this one is read: room for two rounds
+        and the drafts after them in every row (so each verifies as many drafts next round as now: the chained
+        round keeps the num_draft column), and the next round's longest row, however many drafts this one
+        accepts, still inside this graph's context bucket."""
         k = self.k
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.num_draft == k and r.room >= 2 * k + 2 for r in rows)
+                and all(r.room >= 2 * k + 2 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
-    def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _Launch:
+    def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:
         """The round after the one in flight: KV grown for its worst case (every draft accepted now), the
         block tables copied; its tokens, drafts and KV lengths are what the round in flight left in the
         graph's inputs."""
@@ -315,22 +206,22 @@ class FusedRounds:
         launch.sampled = tuple(r.request_id for r in rows if not r.params.greedy)
         return launch
 
-    def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None) -> _Launch:
+    def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None) -> Launch:
         n = len(rows)
-        ids = tuple(r.request_id for r in rows)
+        ids, num_draft = tuple(r.request_id for r in rows), tuple(r.num_draft for r in rows)
         if g.graph is None:
             with torch.inference_mode():
                 self._compute(g)
-            return _Launch(g, ids, lengths, g.out[:n].clone(), None)
+            return Launch(g, ids, lengths, num_draft, g.out[:n].clone(), None)
         g.graph.replay()
         if not g.chains:  # read as before: the output straight from the device (the read syncs)
-            return _Launch(g, ids, lengths, g.out[:n], None)
+            return Launch(g, ids, lengths, num_draft, g.out[:n], None)
         slot = self._launches % 2
         self._launches += 1
         out, done = self._host_out[slot][:n], self._done[slot]
         out.copy_(g.out[:n], non_blocking=True)
         done.record()
-        return _Launch(g, ids, lengths, out, done)
+        return Launch(g, ids, lengths, num_draft, out, done)
 
     # ------------------------------------------------------------------ the graph
     def _compute(self, g: _RoundGraph) -> None:
@@ -370,8 +261,8 @@ class FusedRounds:
         """The next round's inputs, left in this graph's own input buffers (what a round launched ahead reads;
         a round launched from the host overwrites them): t0 becomes this round's last committed token, the
         drafts its next drafts (and, in sampling rounds, their q), and each live row's KV length grows by the
-        tokens committed. Padding rows (KV length exactly k + 1) stay as they are. On CUDA all but the q is one
-        launch (``kernels.next_inputs``), else the torch steps below."""
+        tokens committed; each row's num_draft stays. Padding rows (KV length exactly k + 1) stay as they are.
+        On CUDA all but the q is one launch (``kernels.next_inputs``), else the torch steps below."""
         k, kv = self.k, g.attn.kv_lens                                          # [R]
         if q is not None:                                                      # [R, k, V], before kv moves
             g.sampling.q_in.copy_(torch.where((kv > k + 1)[:, None, None], q, g.sampling.q_in))

@@ -1,0 +1,116 @@
+"""The eager round: one target forward over every row's unseen tokens and drafts, verified step by step.
+
+Per row it sends ``[unseen committed tokens] + drafts`` through the target in one forward (a new request's
+prefill is its first round: its unseen tokens are the whole prompt; a partial prefill chunk only grows its
+KV), then greedy rows accept while the draft equals the target's argmax and sampled rows run rejection
+sampling with their coins (engine/sampling/coins.py: each request's draws at its seed and draw number, as
+the fused round draws them). It owns nothing across rounds: it rolls each row's target KV back past the
+accepted tokens, queues the target features a feature-fed drafter reads (``Request.features``) and returns
+one ``RowResult`` per row; the decoder commits them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import torch
+
+from engine.models import ops
+from engine.request import Request
+from engine.rounds.base import RoundItem, RowResult
+from engine.runner import Chunk, ModelRunner
+from engine.sampling import PLACEHOLDER_TOKEN_ID, RowParams, coins, greedy_verify, probs_from_logits, rejection_sample
+
+
+class EagerRound:
+    def __init__(self, target: ModelRunner) -> None:
+        self.target = target
+
+    def run(self, reqs: Sequence[Request], items: Sequence[RoundItem], aux_layers: tuple[int, ...]
+            ) -> list[RowResult | None]:
+        """One target forward + verification for these rows (each request at most once) -> per row its result,
+        None for a partial prefill. ``aux_layers``: target layers whose outputs each request queues for its
+        newly verified positions."""
+        drafts = [list(it.drafts) for it in items]
+        chunks, starts, partial = [], [], []
+        for r, d, it in zip(reqs, drafts, items):
+            starts.append(self.target.length(r.request_id))
+            unseen = r.token_ids[starts[-1]:]
+            partial.append(it.prefill_chunk is not None and it.prefill_chunk < len(unseen))
+            if partial[-1]:
+                if d or it.prefill_chunk < 1:
+                    raise ValueError(f"prefill_chunk: a partial prefill of {it.request_id} takes >= 1 token "
+                                     "and no drafts")
+                chunks.append(Chunk(r.request_id, unseen[: it.prefill_chunk], num_logits=0))
+            else:
+                chunks.append(Chunk(r.request_id, unseen + d, num_logits=1 + len(d)))
+        res = self.target.run(chunks, aux_layers=aux_layers)          # logits [sum(1 + n_i) over full rows, V]
+        offsets = list(itertools.accumulate([len(c.token_ids) for c in chunks], initial=0))
+        for i in (i for i, p in enumerate(partial) if p and res.aux is not None):
+            reqs[i].features.add(starts[i], res.aux[offsets[i]: offsets[i + 1]])
+        full = [i for i, p in enumerate(partial) if not p]
+        results: list[RowResult | None] = [None] * len(reqs)
+        if not full:
+            return results
+        out, num_accepted = self._verify([reqs[i] for i in full], [items[i] for i in full], res.logits)
+        for i, row, a in zip(full, out.tolist(), num_accepted.tolist()):
+            r, d = reqs[i], drafts[i]
+            if res.aux is not None:  # features of the positions now verified: unseen + accepted drafts
+                n = len(chunks[i].token_ids) - len(d) + a
+                r.features.add(starts[i], res.aux[offsets[i]: offsets[i] + n])
+            self.target.truncate(r.request_id, len(r.token_ids) + a)
+            results[i] = RowResult(row[: a + 1], a, len(d))
+        return results
+
+    def _verify(self, reqs: list[Request], items: Sequence[RoundItem],
+                logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = logits.device
+        b = len(reqs)
+        kmax = max(len(it.drafts) for it in items)
+        num_draft = torch.tensor([len(it.drafts) for it in items], device=dev)
+        draft_ids = torch.tensor([list(it.drafts) + [PLACEHOLDER_TOKEN_ID] * (kmax - len(it.drafts)) for it in items],
+                                 dtype=torch.long, device=dev).view(b, kmax)
+        # rows of request i in the flat logits: starts[i] .. starts[i] + n_i; pad by repeating
+        starts = torch.tensor(list(itertools.accumulate([1 + len(it.drafts) for it in items], initial=0))[:-1],
+                              device=dev)
+        offs = torch.minimum(torch.arange(kmax + 1, device=dev).unsqueeze(0), num_draft.unsqueeze(1))
+        padded = logits[starts.unsqueeze(1) + offs]                # [B, K+1, V]
+        out, num_accepted = greedy_verify(draft_ids, num_draft, ops.argmax(padded))
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if not sampled:
+            return out, num_accepted
+        p = RowParams.of([reqs[i].params for i in sampled], dev).repeat(kmax + 1)
+        rows = padded[sampled].reshape(len(sampled) * (kmax + 1), -1)
+        probs = probs_from_logits(rows, p.temperature, p.top_k, p.top_p).view(len(sampled), kmax + 1, -1)
+        q = self._draft_probs([items[i] for i in sampled], kmax, probs.shape[-1], dev)
+        uniforms, noise = self._coins([reqs[i] for i in sampled], kmax, probs.shape[-1], dev)
+        s_out, s_acc = rejection_sample(draft_ids[sampled], num_draft[sampled], probs, q, uniforms, noise)
+        out[sampled] = s_out
+        num_accepted[sampled] = s_acc
+        return out, num_accepted
+
+    @staticmethod
+    def _draft_probs(items: Sequence[RoundItem], k: int, vocab: int, dev: torch.device) -> torch.Tensor | None:
+        """q [B, K, V] for sampled rows; rows without a distribution are one-hot at their drafts."""
+        if all(it.probs is None for it in items):
+            return None
+        q = torch.zeros(len(items), k, vocab, device=dev)
+        for i, it in enumerate(items):
+            n = len(it.drafts)
+            if it.probs is not None:
+                q[i, :n] = it.probs.to(dev)
+            elif n:
+                q[i, torch.arange(n, device=dev), torch.tensor(list(it.drafts), device=dev)] = 1.0
+        return q
+
+    @staticmethod
+    def _coins(reqs: list[Request], k: int, vocab: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's draws of each request: k acceptance uniforms and one row of Exponential(1) noise,
+        at the request's next draw number (engine/sampling/coins.py: a draw depends only on the request's
+        seed and draw number, so its seeded output does not depend on which requests share its rounds)."""
+        seeds, counters = [r.params.seed for r in reqs], [r.draws for r in reqs]
+        for r in reqs:
+            r.draws += 1
+        return (coins.draw(seeds, counters, k, coins.Stream.ACCEPT, dev),
+                coins.draw(seeds, counters, vocab, coins.Stream.RECOVER, dev, exponential=True))

@@ -1,0 +1,96 @@
+"""The co-located fast path: its graph executors and the state a request keeps on it between rounds.
+
+Two graph executors (engine/rounds/fused.py), each built when fused rounds are on:
+- ``fused``, the *speculative graph*: k drafts a row, of which each row verifies its ``num_draft``; with no
+  drafter (or k 0) it decodes plainly. A drafter that cannot draft inside a graph (n-gram) gets none.
+- ``fused_plain``, the *plain graph* (k 0, no drafter), built when the batch policy is on
+  (``spec_max_batch``): the requests it demotes decode in it to their end.
+Between rounds each request on the speculative graph keeps the k drafts (and, sampled, their q) its last
+round drafted (``next_drafts``): the next round verifies them. Everything else a row needs lives in the
+target's and the drafter's KV caches.
+
+``run`` takes a graph and its rows of the ``RoundPlan`` and returns one ``RowResult`` per row; the decoder
+commits them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from engine.rounds.base import RoundPlan, RoutedRow, RowResult
+from engine.rounds.fused import FusedRounds, FusedRow
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.drafters.base import Drafter
+    from engine.runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class NextDrafts:
+    drafts: list[int]           # the k drafts the speculative graph made for the request's next round
+    q: torch.Tensor | None      # [k, V] their q (sampled requests), on the device
+
+
+class FastPath:
+    def __init__(self, target: "ModelRunner", drafter: "Drafter | None", config: "EngineConfig",
+                 max_context: int) -> None:
+        self.fused: FusedRounds | None = None
+        self.fused_plain: FusedRounds | None = None
+        self.next_drafts: dict[str, NextDrafts] = {}
+        if not config.use_fused_rounds:
+            return
+
+        def graph(k: int, d: "Drafter | None") -> FusedRounds:
+            return FusedRounds(target, d, k, config.max_batch_size, max_context,
+                               capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows)
+
+        if drafter is None or config.k == 0 or drafter.graph_rounds:
+            self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
+        if drafter is not None and config.k and config.spec_max_batch is not None:
+            self.fused_plain = graph(0, None)
+
+    @property
+    def graphs(self) -> list[FusedRounds]:
+        return [g for g in (self.fused, self.fused_plain) if g is not None]
+
+    def expect(self, plan: RoundPlan) -> None:
+        """Before the drafter runs for a round: a round launched ahead for other rows than those about to run on
+        its graph is dropped (every one, while any row runs off the graphs)."""
+        for g, rows in ((self.fused, plan.fused), (self.fused_plain, plan.fused_plain)):
+            if g is not None:
+                g.expect(() if plan.off_graph else tuple(row.request_id for row in rows))
+
+    def drop_ahead(self) -> None:
+        """A caller is about to run rounds of its own (the verifier service's Prefill and Verify)."""
+        for g in self.graphs:
+            g.expect(())
+
+    def forget(self, request_id: str) -> None:
+        """The request leaves the speculative graph (or finishes): its next drafts are stale."""
+        self.next_drafts.pop(request_id, None)
+
+    def run(self, graph: FusedRounds, rows: Sequence[RoutedRow], ahead: bool = False) -> list[RowResult]:
+        """One round of ``graph`` for these rows: a row entering verifies the drafts it carries (``item``), any
+        other the next drafts its last round left. ``ahead``: the same rows are expected back next round
+        (``FusedRounds.run``)."""
+        fused_rows = []
+        for row in rows:
+            r = row.request
+            if row.item is not None:
+                drafts, q = list(row.item.drafts), row.item.probs
+            else:
+                nxt = self.next_drafts.get(r.request_id)
+                drafts, q = (nxt.drafts, nxt.q) if nxt is not None else ([], None)
+            fused_rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, row.num_draft, q, r.draws,
+                                       r.room()))
+            if not r.params.greedy:
+                r.draws += 1
+        results = graph.run(fused_rows, ahead)
+        if graph.k:
+            for row, res in zip(rows, results):
+                self.next_drafts[row.request_id] = NextDrafts(res.next_drafts, res.next_q)
+        return results

@@ -1,0 +1,260 @@
+"""The scheduler: who runs, with how many tokens, on which executor, and why.
+
+It owns the requests' lifecycle bookkeeping: the waiting queue, the running requests (in arrival order)
+and the KV blocks reserved for each (a request is admitted only when its worst case fits), new requests'
+validation, the round-token budget (``plan_round``: running streams first, prompts chunked into what is
+left), the batch policy (``spec_max_batch``: while more requests run, every running one is *demoted* to
+plain decoding to its end) and the routing of a round's rows to the executors (``route``, then ``settle``
+once the drafter's drafts are in), each row with its ``Reason``. It counts the *exits* (a decoding request
+running eagerly although the decoder has a fast path) by reason in ``fast_path_exits`` and logs each
+request's first exit of each reason at DEBUG (logger ``tandem.engine``).
+
+It runs no model and holds no tensors: it reads the fast path's graphs (``fits``, their k) and state (which
+requests have their next drafts) to route, and the decoder (engine/spec.py) runs the executors.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Sequence
+
+from engine.config import EngineConfig, SamplingParams
+from engine.request import Request
+from engine.rounds.base import Path, Reason, RoundItem, RoundPlan, RoutedRow
+from engine.rounds.fast_path import FastPath
+
+if TYPE_CHECKING:
+    from engine.drafters.base import Drafter
+    from engine.runner import ModelRunner
+    from engine.tokenizer import Tokenizer
+
+log = logging.getLogger("tandem.engine")
+
+
+class CapacityError(RuntimeError):
+    """The KV cache or the batch cannot take this request now (overload, not bad input)."""
+
+
+class Scheduler:
+    def __init__(self, target: "ModelRunner", tokenizer: "Tokenizer", config: EngineConfig, max_context: int,
+                 fast: FastPath, drafter: "Drafter | None") -> None:
+        self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
+        self.fast, self.drafter = fast, drafter
+        self.waiting: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}  # running, in arrival order
+        self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
+        self.fast_path_exits: collections.Counter[str] = collections.Counter()  # rows of rounds, by Reason value
+        self._exits_logged: dict[str, set[Reason]] = {}
+        self._ids = itertools.count()
+        self._reserved_blocks = 0
+
+    # ------------------------------------------------------------------ admission
+    def _blocks_needed(self, r: Request) -> int:
+        worst = min(len(r.prompt_ids) + r.params.max_tokens, self.max_context) + self.config.max_k + 1
+        return self.target.allocator.blocks_for(worst)
+
+    def create(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None,
+               output_ids: Sequence[int]) -> Request:
+        """Validate a new request; bad input raises ValueError naming the field."""
+        prompt_ids = list(prompt_ids)
+        vocab = self.target.vocab_size
+        if not prompt_ids:
+            raise ValueError("prompt: must not be empty")
+        for name, ids in (("prompt", prompt_ids), ("output", output_ids)):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt_ids) + len(output_ids) >= self.max_context:
+            raise ValueError(f"prompt: {len(prompt_ids)} tokens leave no room in the context of {self.max_context}")
+        if params.k is not None and params.k > self.config.max_k:
+            raise ValueError(f"k: {params.k} exceeds the server's max_k={self.config.max_k}")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests or any(r.request_id == request_id for r in self.waiting):
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        if params.seed is None:
+            params = dataclasses.replace(params, seed=random.getrandbits(63))
+        r = Request.create(request_id, prompt_ids, params, self.tokenizer, self.max_context)
+        if self._blocks_needed(r) > self.target.allocator.num_blocks:
+            raise ValueError(f"max_tokens: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) "
+                             f"does not fit the KV cache ({self.target.capacity_tokens} tokens)")
+        if output_ids:
+            r.resume(list(output_ids))
+            if r.room() == 0:
+                raise ValueError(f"output: {len(output_ids)} tokens already reach max_tokens or the context")
+        return r
+
+    def start(self, r: Request) -> None:
+        """Admit ``r`` now, or raise CapacityError."""
+        if len(self.requests) >= self.config.max_batch_size:
+            raise CapacityError(f"batch full ({self.config.max_batch_size} requests)")
+        self._reserve(r)
+
+    def _reserve(self, r: Request) -> None:
+        need = self._blocks_needed(r)
+        if self._reserved_blocks + need > self.target.allocator.num_blocks:
+            raise CapacityError(f"KV cache full: {r.request_id} needs {need} blocks")
+        self._reserved_blocks += need
+        self.requests[r.request_id] = r
+
+    def admit(self) -> None:
+        """Queued requests, in order, while the batch and the KV cache take them."""
+        while self.waiting and len(self.requests) < self.config.max_batch_size:
+            try:
+                self._reserve(self.waiting[0])
+            except CapacityError:
+                break
+            self.waiting.popleft()
+
+    def unqueue(self, request_id: str) -> bool:
+        """Drop a queued request (it holds nothing yet)."""
+        for r in self.waiting:
+            if r.request_id == request_id:
+                self.waiting.remove(r)
+                return True
+        return False
+
+    def release(self, r: Request) -> None:
+        """A running request is done: its reservation goes back (the decoder frees its KV and drafter state)."""
+        del self.requests[r.request_id]
+        self.demoted.discard(r.request_id)
+        self._exits_logged.pop(r.request_id, None)
+        self._reserved_blocks -= self._blocks_needed(r)
+
+    # ------------------------------------------------------------------ the round's rows
+    def draft_len(self, r: Request, k: int | None = None) -> int:
+        """Draft tokens this request may take this round: its k, capped by the room left."""
+        if r.request_id in self.demoted:
+            return 0
+        if k is None:
+            k = self.config.k if r.params.k is None else r.params.k
+        return max(0, min(k, self.config.max_k, r.room() - 1))
+
+    def unseen(self, r: Request) -> int:
+        """Tokens of ``r`` not yet run through the target: 1 once prefilled (the newest token)."""
+        return len(r.token_ids) - self.target.length(r.request_id)
+
+    def plan_round(self, reqs: Sequence[Request]) -> tuple[list[Request], list[int], list[int | None]]:
+        """Who runs this round, with how many drafts and (for prefills) how many prompt tokens.
+
+        Without ``max_round_tokens`` every request runs whole. With it, requests already decoding
+        go first (their 1 + k tokens each: arrivals never stall running streams), then prefills in
+        arrival order take what is left of the budget, chunk by chunk; the first prefill in line
+        always gets at least one KV block's worth so it cannot starve.
+        """
+        budget = self.config.max_round_tokens
+        if budget is None:
+            return list(reqs), [self.draft_len(r) for r in reqs], [None] * len(reqs)
+        decoding = [r for r in reqs if self.unseen(r) == 1]
+        prefilling = [r for r in reqs if self.unseen(r) > 1]
+        run, ks, chunks = [], [], []
+        for r in decoding:
+            run.append(r)
+            ks.append(self.draft_len(r))
+            chunks.append(None)
+        left = budget - sum(1 + k for k in ks)
+        for i, r in enumerate(prefilling):
+            room = max(left, self.config.kv_block_size if i == 0 else 0)
+            k = self.draft_len(r)  # the last chunk takes the request's usual drafts: the output never
+            whole = self.unseen(r) + k <= room  # depends on the budget
+            n = self.unseen(r) if whole else min(self.unseen(r) - 1, room)
+            if n <= 0:
+                break
+            run.append(r)
+            ks.append(k if whole else 0)
+            chunks.append(None if whole else n)
+            left -= n + ks[-1]
+        return run, ks, chunks
+
+    def apply_batch_policy(self) -> list[str]:
+        """With spec_max_batch: once more than that many run, every running request decodes plainly to its end.
+        Returns the requests demoted now (their drafter state is to be released)."""
+        if self.fast.fused_plain is None or len(self.requests) <= self.config.spec_max_batch:
+            return []
+        demoted = [rid for rid in self.requests if rid not in self.demoted]
+        self.demoted.update(demoted)
+        return demoted
+
+    # ------------------------------------------------------------------ routing
+    def route(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,
+              chunks: Sequence[int | None] | None = None) -> RoundPlan:
+        """Each row's executor before the drafter runs (``ks``: each request's k, None its own, capped by
+        ``draft_len``; ``chunks``: prefill chunks as from ``plan_round``). Rows that enter the speculative graph
+        this round are ``entering`` until ``settle``."""
+        rows = [self._route(r, self.draft_len(r, k), c)
+                for r, k, c in zip(reqs, ks or [None] * len(reqs), chunks or [None] * len(reqs))]
+        return RoundPlan(*(tuple(row for row in rows if row.path is p)
+                           for p in (Path.FUSED, Path.FUSED_PLAIN, Path.EAGER, Path.ENTERING)))
+
+    def _route(self, r: Request, k: int, chunk: int | None) -> RoutedRow:
+        def eager(reason: Reason) -> RoutedRow:
+            return RoutedRow(r, Path.EAGER, reason, k, k, chunk)
+
+        fast, fused, fused_plain = self.fast, self.fast.fused, self.fast.fused_plain
+        if chunk is not None or self.unseen(r) != 1:
+            return eager(Reason.PREFILL)
+        if not self.config.use_fused_rounds:
+            return eager(Reason.FUSED_OFF)
+        committed = len(r.token_ids)
+        if r.request_id in self.demoted:
+            fits = fused_plain.fits(committed)
+            return RoutedRow(r, Path.FUSED_PLAIN, Reason.DEMOTED, 0, 0) if fits else eager(Reason.CONTEXT_FULL)
+        if k == 0 and fused_plain is not None and r.request_id not in fast.next_drafts and fused_plain.fits(committed):
+            return RoutedRow(r, Path.FUSED_PLAIN, Reason.NO_DRAFTS, 0, 0)
+        if fused is None:
+            return eager(Reason.DRAFTER_WITHOUT_GRAPH)
+        if not fused.fits(committed):
+            return eager(Reason.CONTEXT_FULL)
+        num_draft = min(k, fused.k)  # the graph verifies the first k of its drafts; a k above its own is capped
+        if fused.k == 0 or r.request_id in fast.next_drafts:
+            return RoutedRow(r, Path.FUSED, Reason.ON_GRAPH, k, num_draft)
+        return RoutedRow(r, Path.ENTERING, Reason.FIRST_DRAFTS, k, num_draft)
+
+    def wants(self, plan: RoundPlan) -> tuple[list[Request], list[int]]:
+        """The drafts the drafter makes this round: an eager row's k; an entering row's the graph's k (or its
+        own, when larger: it takes those if it runs eagerly after all)."""
+        graph_k = self.fast.fused.k if self.fast.fused is not None else 0
+        return ([row.request for row in plan.off_graph],
+                [row.k if row.path is Path.EAGER else max(row.k, graph_k) for row in plan.off_graph])
+
+    def settle(self, plan: RoundPlan, items: Sequence[RoundItem]) -> RoundPlan:
+        """The plan once the drafter's drafts (``items``, in ``plan.off_graph`` order) are in: an entering row
+        with the graph's k first drafts (and their q when it samples), whose drafter can go on in a graph from
+        here, joins the speculative graph (verifying its ``num_draft`` of them); the rest run eagerly with their
+        own k. Counts and logs the exits."""
+        fused, eager = list(plan.fused), []
+        for row, it in zip(plan.off_graph, items):
+            if row.path is Path.EAGER:
+                eager.append(dataclasses.replace(row, item=dataclasses.replace(it, prefill_chunk=row.prefill_chunk)))
+            elif self._takes(row.request, it):
+                fused.append(dataclasses.replace(row, path=Path.FUSED, reason=Reason.ENTERED,
+                                                 item=_first(it, self.fast.fused.k)))
+            else:
+                eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
+                                                 num_draft=row.k, item=_first(it, row.k)))
+        ahead = not (self.waiting or eager or (fused and plan.fused_plain))
+        settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
+        self._note_exits(settled)
+        return settled
+
+    def _takes(self, r: Request, item: RoundItem) -> bool:
+        fused = self.fast.fused
+        return (len(item.drafts) >= fused.k and (r.params.greedy or item.probs is not None)
+                and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
+
+    def _note_exits(self, plan: RoundPlan) -> None:
+        for row in plan.exits:
+            self.fast_path_exits[row.reason.value] += 1
+            seen = self._exits_logged.setdefault(row.request_id, set())
+            if row.reason not in seen:
+                seen.add(row.reason)
+                log.debug("request %s leaves the fast path: %s", row.request_id, row.reason.value)
+
+
+def _first(item: RoundItem, n: int) -> RoundItem:
+    """The item with its first n drafts (and their q)."""
+    return RoundItem(item.request_id, list(item.drafts)[:n], None if item.probs is None else item.probs[:n])
