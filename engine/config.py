@@ -16,6 +16,20 @@ def _require(ok: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{field_name}: {message}")
 
 
+K_LIMIT = 32  # the largest draft length any setting or request may name
+
+
+def default_max_k(k: int) -> int:
+    """The largest k a request may ask for when no max_k is set: 8, or the default k where that is larger."""
+    return max(8, k)
+
+
+def check_k(k: int, max_k: int, field_name: str = "k") -> None:
+    """The one rule for a draft length: 0 <= k <= max_k <= K_LIMIT (ValueError naming the field)."""
+    _require(0 <= max_k <= K_LIMIT, "max_k", f"must be in [0, {K_LIMIT}], got {max_k}")
+    _require(0 <= k <= max_k, field_name, f"must be in [0, max_k={max_k}], got {k}")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Rotary scaling. ``kind`` "none", "linear" (position / factor) or "llama3"."""
@@ -131,8 +145,7 @@ class EngineConfig:
         _require(self.kv_cache_tokens is None or self.kv_cache_tokens >= self.kv_block_size, "kv_cache_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size})")
         _require(self.max_batch_size > 0, "max_batch_size", "must be > 0")
-        _require(0 <= self.max_k <= 32, "max_k", f"must be in [0, 32], got {self.max_k}")
-        _require(0 <= self.k <= self.max_k, "k", f"must be in [0, max_k={self.max_k}], got {self.k}")
+        check_k(self.k, self.max_k)
         _require(self.draft_top_m >= 0, "draft_top_m", f"must be >= 0, got {self.draft_top_m}")
         _require(self.spec_max_batch is None or self.spec_max_batch >= 0, "spec_max_batch",
                  f"must be >= 0 or None, got {self.spec_max_batch}")
