@@ -97,13 +97,14 @@ def round_split(timer: PhaseTimer) -> dict:
 
 
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
-             max_tokens: int, seed: int) -> dict:
-    """All prompts, ``case.batch_size`` at a time, arriving together; EOS ignored."""
+             max_tokens: int, seed: int, request_k: int | None = None) -> dict:
+    """All prompts, ``case.batch_size`` at a time, arriving together; EOS ignored. ``request_k``: the k each
+    request asks for (SamplingParams.k; None: the engine's)."""
     cfg = dataclasses.replace(config, k=0 if case.draft == "none" else config.k,
                               max_batch_size=max(config.max_batch_size, case.batch_size))
     decoder, timer = _timed_decoder(model, cfg, case.draft)
-    params = [SamplingParams(temperature=case.temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i)
-              for i in range(len(prompts))]
+    params = [SamplingParams(temperature=case.temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i,
+                             k=request_k if case.draft != "none" else None) for i in range(len(prompts))]
     # warm-up: kernels compiled and the graphs of a full batch (and of every prompt length) captured before the
     # clock starts
     decoder.capture_prefills()
@@ -129,7 +130,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                     committed += o.accepted + o.rounds
     elapsed = now_synced() - start
     fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
-    row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "cuda_graphs": cfg.use_cuda_graphs,
+    row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
+           "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
             "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, and launched ahead but dropped unread (wasted)

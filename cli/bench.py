@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cli.options import add_engine_args, engine_config
+from cli.options import add_engine_args, engine_settings
 
 HF_ENGINES = ("hf-eager", "hf-static-compile", "hf-prompt-lookup")  # bench.hf.HF_ENGINES (--help stays light)
 VLLM_ENGINES = ("vllm", "vllm-ngram", "vllm-ngram-gpu")  # bench.peers.vllm.VLLM_ENGINES
@@ -63,6 +63,9 @@ def add_parser(sub) -> None:
     p.add_argument("--vllm-prompt-lookup", type=_csv(int), default=[1, 3], metavar="MIN,MAX",
                    help="vLLM n-gram sizes (default 1,3: what Tandem's ngram drafter matches)")
     p.add_argument("--temperatures", type=_csv(float), default=[0.0, 0.7], help="comma-separated (default 0,0.7)")
+    p.add_argument("--request-k", type=int, metavar="N",
+                   help="the k every request asks for (its own SamplingParams.k) while the engine runs --k (default: "
+                        "the engine's): a per-request k other than the graph's, on the fast path")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (EOS ignored; default 128)")
     p.add_argument("--arrival-rate", type=float, help="also run a Poisson arrival load at this many requests/s")
     p.add_argument("--round-token-budgets", type=_csv(int), default=[0, 256],
@@ -95,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--arrival-rate: must be > 0 requests/s")
     if len(args.vllm_prompt_lookup) != 2 or not 1 <= args.vllm_prompt_lookup[0] <= args.vllm_prompt_lookup[1]:
         raise ValueError("--vllm-prompt-lookup: expected MIN,MAX with 1 <= MIN <= MAX")
-    config = engine_config(args)
-    path = model_source(args.model)  # a synthetic: spec stays text
+    settings = engine_settings(args)
+    config = settings.engine_config()
+    path = model_source(settings.model)  # a synthetic: spec stays text
     meta = load_model(path, load_weights=False, progress=False)  # the tokenizer: prompts before any GPU memory
     hf_names = [b for b in args.baselines if b in HF_ENGINES]
     if hf_names and meta.synthetic:
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({k: row.get(k) for k in ("engine", "dataset", "batch_size", "temperature", *keys)}),
               flush=True)
 
-    _vllm_rows(args, str(path), prompts, env, keep)
+    _vllm_rows(args, settings.k, str(path), prompts, env, keep)
     if args.drafts or hf_names:
         env.update(_tandem_rows(args, config, path, prompts, env, hf_names, keep))
     add_speedups(rows)
@@ -145,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _vllm_rows(args, model: str, prompts: dict, env: dict, keep) -> None:
+def _vllm_rows(args, k: int, model: str, prompts: dict, env: dict, keep) -> None:
     """Each vLLM baseline in its own process over every case (bench.peers.vllm)."""
     names = [b for b in args.baselines if b in VLLM_ENGINES]
     if not names:
@@ -155,7 +159,7 @@ def _vllm_rows(args, model: str, prompts: dict, env: dict, keep) -> None:
     cases = [{"dataset": ds, "batch_size": bs, "temperature": t}
              for ds in args.dataset for t in args.temperatures for bs in args.batch_sizes]
     for name in names:
-        for row in run_vllm(name, model, prompts, cases, max_tokens=args.max_tokens, k=args.k, seed=args.seed,
+        for row in run_vllm(name, model, prompts, cases, max_tokens=args.max_tokens, k=k, seed=args.seed,
                             prompt_lookup=tuple(args.vllm_prompt_lookup)):
             row.update(**env)
             keep(row, "tokens_per_s", "acceptance_length", "error")
@@ -180,7 +184,8 @@ def _tandem_rows(args, config, path, prompts: dict, env: dict, hf_names: list[st
         for temperature in args.temperatures:
             for bs in args.batch_sizes:
                 for draft in args.drafts:
-                    row = run_case(model, config, BenchCase(draft, bs, temperature), ps, args.max_tokens, args.seed)
+                    row = run_case(model, config, BenchCase(draft, bs, temperature), ps, args.max_tokens, args.seed,
+                                   args.request_k)
                     keep({**row, "dataset": dataset, **env}, "tokens_per_s", "acceptance_length")
                 for name in hf_names:
                     from bench.hf import run_hf_case

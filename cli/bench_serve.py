@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cli.options import add_engine_args, engine_config
+from cli.options import add_engine_args, engine_settings
 
 DESCRIPTION = """\
 Starts each --servers entry in turn on this machine (Tandem's gateway over a co-located or split
@@ -45,10 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--temperatures", type=_csv(float), default=[0.0], help="comma-separated (default 0)")
     p.add_argument("--client-processes", type=int, default=2, help="client processes (default 2)")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
-    p.add_argument("--draft", default="auto", help="Tandem's drafter (default auto; none = plain)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="bench/results", help="where the results go (default bench/results)")
-    add_engine_args(p, draft=False)
+    add_engine_args(p)
     p.set_defaults(run=run)
 
 
@@ -56,7 +55,7 @@ def _prompts(all_prompts: list[list[int]], n: int) -> list[list[int]]:
     return [all_prompts[i % len(all_prompts)] for i in range(n)]
 
 
-def _in_process(args, prompts_for, model_spec: str) -> list[dict]:
+def _in_process(args, settings, prompts_for, model_spec: str) -> list[dict]:
     import gc
 
     import torch
@@ -64,12 +63,12 @@ def _in_process(args, prompts_for, model_spec: str) -> list[dict]:
     from bench.run import BenchCase, run_case
     from engine.models.loader import load_model
 
-    config = engine_config(args)
+    config = settings.engine_config()
     model = load_model(model_spec, device=config.device, dtype=config.torch_dtype)
     rows = []
     for t in args.temperatures:
         for c in args.concurrency:
-            row = run_case(model, config, BenchCase(args.draft, c, t), prompts_for(c), args.max_tokens, args.seed)
+            row = run_case(model, config, BenchCase(settings.draft, c, t), prompts_for(c), args.max_tokens, args.seed)
             rows.append({**row, "server": "in-process", "concurrency": c})
             print(json.dumps({k: rows[-1][k] for k in ("server", "concurrency", "temperature", "tokens_per_s")}),
                   flush=True)
@@ -89,15 +88,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.client_processes < 1 or args.max_tokens < 1 or min(args.concurrency) < 1:
         raise ValueError("--client-processes, --max-tokens and --concurrency: must be >= 1")
-    model_spec = args.model or str(default_model_path())
+    settings = engine_settings(args)
+    model_spec = settings.model or str(default_model_path())
     most = max(args.num_prompts or 0, 4 * max(args.concurrency), 16)
     tokenizer = load_model(model_spec, load_weights=False, progress=False).tokenizer
     pool = dataset_prompts(args.dataset, tokenizer, most)
     prompts_for = lambda c: _prompts(pool, args.num_prompts or max(16, 4 * c))  # noqa: E731
     env = environment()
-    rows = _in_process(args, prompts_for, model_spec) if args.in_process else []
-    opts = ServerOptions(model=args.model, draft=args.draft, k=args.k, max_batch=max(args.concurrency),
-                         device=args.device, dtype=args.dtype, attention=args.attention,
+    rows = _in_process(args, settings, prompts_for, model_spec) if args.in_process else []
+    opts = ServerOptions(model=settings.model, draft=settings.draft, k=settings.k, max_batch=max(args.concurrency),
+                         device=settings.device, dtype=settings.dtype, attention=settings.attention,
                          max_model_len=max(len(p) for p in pool) + args.max_tokens + 64)
     for name in args.servers:
         with start(name, opts) as served:
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             for t in args.temperatures:
                 for c in args.concurrency:
                     row = {**run_load(load(c, t, args.max_tokens), prompts_for(c)), "server": name,
-                           "draft": args.draft if name.startswith("tandem") else None}
+                           "draft": settings.draft if name.startswith("tandem") else None}
                     rows.append(row)
                     print(json.dumps({k: row[k] for k in ("server", "concurrency", "temperature", "tokens_per_s",
                                                           "completed", "client_cpu_pct")}), flush=True)

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from cli.options import add_engine_args, engine_config
+from cli.options import add_engine_args, engine_settings
 
 DEFAULT_DRAFTS = ("ngram", "layerskip:4")
 DATASETS = ("sharegpt", "humaneval")  # bench.eval_draft.DATASETS (not imported: `--help` stays light)
@@ -147,13 +147,14 @@ def run(args: argparse.Namespace) -> int:
     datasets = list(dict.fromkeys(args.dataset or DATASETS))
     ks = list(dict.fromkeys(args.k))
     temperatures = list(dict.fromkeys(args.temperature))
-    config = engine_config(argparse.Namespace(**{**vars(args), "k": max(ks)}))
+    settings = engine_settings(args, k=max(ks))
+    config = settings.engine_config()
     # every round speculates here, whatever the batch: acceptance is what is measured
     config = dataclasses.replace(config, max_batch_size=max(config.max_batch_size, args.batch_size), spec_max_batch=None)
     out = Path(args.out) if args.out else \
         Path("bench/results") / f"eval-draft-{args.name or f'{config.device}-{config.dtype}'.replace(':', '')}.json"
 
-    path = model_source(args.model)
+    path = model_source(settings.model)
     model = load_model(path, device=config.device, dtype=config.torch_dtype)
     runner = ModelRunner(model.model, config)  # the target's KV cache, shared by every case
     prompts = {ds: eval_prompts(ds, model.tokenizer, args.num_prompts) for ds in datasets}

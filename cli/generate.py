@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from cli.options import add_engine_args, add_sampling_args, engine_config, sampling_params
+from cli.options import add_engine_args, add_sampling_args, engine_settings, sampling_params
 
 
 def add_parser(sub) -> None:
@@ -38,9 +38,10 @@ def encode_prompt(tokenizer, prompt: str, chat: bool, system: str | None = None)
 def run(args: argparse.Namespace) -> int:
     from engine.factory import build_engine
 
-    config = engine_config(args)
+    settings = engine_settings(args)
     params = sampling_params(args)
-    engine = build_engine(args.model, args.draft, config)
+    config = settings.engine_config()
+    engine = build_engine(settings.model, settings.draft, config)
     dec = engine.decoder
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.chat, args.system)
     start = time.perf_counter()

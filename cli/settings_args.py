@@ -8,18 +8,24 @@ import typing
 from rpc.settings import TandemSettings, load
 
 
-def add_settings_args(p: argparse.ArgumentParser, cls: type[TandemSettings], title: str) -> None:
+def add_settings_args(p: argparse.ArgumentParser, cls: type[TandemSettings], title: str,
+                      exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """One flag per field of ``cls`` (but ``exclude``); returns the fields that got one."""
     g = p.add_argument_group(title, "each flag overrides the TANDEM_<NAME> environment variable")
-    for name, f in cls.model_fields.items():
+    fields = tuple(name for name in cls.model_fields if name not in exclude)
+    for name in fields:
+        f = cls.model_fields[name]
         flag = "--" + name.replace("_", "-")
         env = f"TANDEM_{name.upper()}"
-        default = f.default if f.default is not None else "unset"
-        help_ = f"{f.description or name} ({env}; default {default})"
+        # a field whose default is None says in its description what it means (derived, or off)
+        default = "" if f.default is None else f"; default {f.default}"
+        help_ = f"{f.description} ({env}{default})"
         if f.annotation is bool:
             g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
             g.add_argument(flag, dest=name, default=None, metavar=name.upper(), choices=_choices(f.annotation),
                            help=help_)
+    return fields
 
 
 def _choices(annotation) -> list[str] | None:
@@ -32,5 +38,9 @@ def _choices(annotation) -> list[str] | None:
     return None
 
 
-def settings_from(args: argparse.Namespace, cls: type[TandemSettings]):
-    return load(cls, **{name: getattr(args, name, None) for name in cls.model_fields})
+def settings_from(args: argparse.Namespace, cls: type[TandemSettings], fields: tuple[str, ...] | None = None,
+                  **overrides):
+    """``cls`` from the environment, overridden by the flags of ``fields`` (default: every field) that were given
+    and then by ``overrides``."""
+    names = cls.model_fields if fields is None else fields
+    return load(cls, **{**{name: getattr(args, name, None) for name in names}, **overrides})

@@ -51,7 +51,7 @@ def warm_up(engine: DrafterEngine) -> None:
 
 async def serve(settings: DrafterSettings) -> None:
     setup_tracing("tandem-drafter")
-    config = settings.engine_config()
+    config = settings.engine_config(wire=True)  # sampled drafts cross the wire as their top m
     engine = build(settings, config)
     servicer = DrafterServicer(engine, config.draft_top_m or engine.vocab)
     log.info("drafter: %s", settings.draft)

