@@ -99,9 +99,9 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ admission
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
-        """Queue a request for ``step``."""
-        r = self.scheduler.create(prompt_ids, params, request_id, ())
+                    request_id: str | None = None, output_ids: Sequence[int] = ()) -> str:
+        """Queue a request for ``step`` (``output_ids``: output already committed elsewhere, as in ``start``)."""
+        r = self.scheduler.create(prompt_ids, params, request_id, output_ids)
         self.waiting.append(r)
         return r.request_id
 

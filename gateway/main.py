@@ -9,9 +9,10 @@ from gateway.discovery import Discovery, Target
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import ReplicaPool
 from gateway.requests import RequestBuilder
-from gateway.rounds import ColocatedDriver, SplitDriver
+from gateway.rounds import SplitDriver
 from gateway.scheduler import Scheduler
 from gateway.servicer import GatewayServicer
+from gateway.streamed import StreamedScheduler
 from gateway.settings import GatewaySettings
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc.metrics import serve_metrics
@@ -40,15 +41,15 @@ async def serve(settings: GatewaySettings) -> None:
     max_context = target.config.max_position
     verifiers = replica_pool("verifier", settings.verifier_targets(), VerifierClient, settings.verify_timeout_s,
                              settings.verifier_probe_s, settings)
-    if settings.colocated:
-        driver = ColocatedDriver(verifiers, settings)
+    metrics = GatewayMetrics()
+    if settings.colocated:  # the verifier runs the rounds, over one Serve stream per verifier
+        driver = scheduler = StreamedScheduler(verifiers, settings, metrics)
     else:
         drafters = replica_pool("drafter", settings.drafter_targets(), DrafterClient, settings.draft_timeout_s,
                                 settings.drafter_probe_s, settings)
         driver = SplitDriver(verifiers, drafters, settings, target.config.num_layers)
-    metrics = GatewayMetrics()
+        scheduler = Scheduler(driver, settings, metrics)
     metrics.watch(driver.pools)
-    scheduler = Scheduler(driver, settings, metrics)
     builder = RequestBuilder(target.tokenizer, target.config.vocab_size, max_context, settings)
     server = Server([Service(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name,
                              gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(builder, scheduler))],

@@ -52,6 +52,10 @@ class GatewayRequest:
     ready_probs: object = None
     features: FeatureQueue = field(default_factory=FeatureQueue)  # target features the drafter still needs
     span: object = None                    # the request's trace span
+    # the gateway's own name for it, unique across gateway replicas (a client's request_id is only a label):
+    # what pins it to a verifier; on a co-located Serve stream it is the stream's slot
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    slot: int = -1
 
     @property
     def tokens(self) -> list[int]:

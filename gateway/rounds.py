@@ -1,8 +1,7 @@
-"""Round drivers: how the gateway gets one speculative round done for a batch.
+"""The split round driver: how the gateway gets one speculative round done for a batch (co-located serving has
+no gateway-driven rounds: the verifier runs them over a Serve stream, ``gateway/streamed.py``).
 
-Co-located: one ``Step`` to a verifier that drafts itself.
-
-Split: ``Draft`` then ``Verify``. While round r is verified, the drafter already drafts
+``Draft`` then ``Verify``. While round r is verified, the drafter already drafts
 round r+1 assuming every draft of round r is accepted: it is sent round r's drafts as if
 committed and asked for k+1 tokens, the first being its guess of the bonus token. When the
 verdict accepts all k drafts and the bonus equals the guess, the remaining k tokens are the
@@ -65,32 +64,6 @@ def draft_len(r: GatewayRequest, s: GatewaySettings, room: int | None = None) ->
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
-
-
-class ColocatedDriver:
-    mode = "colocated"
-
-    def __init__(self, verifiers: ReplicaPool[VerifierClient], settings: GatewaySettings) -> None:
-        self.verifiers = Verifiers(verifiers, lambda client, reqs: client.prefill(reqs))
-        self.s = settings
-        self.pools = [verifiers]
-
-    async def prefill(self, reqs: Sequence[GatewayRequest]) -> list[Verdict]:
-        return await self.verifiers.prefill(reqs)
-
-    async def round(self, reqs: Sequence[GatewayRequest]) -> RoundReport:
-        ks = [draft_len(r, self.s) for r in reqs]
-        t0 = time.perf_counter()
-        verdicts = await self.verifiers.call(
-            reqs, lambda client, idx: client.step([reqs[i] for i in idx], [ks[i] for i in idx]))
-        return RoundReport(verdicts, [v.drafted for v in verdicts], ks, verify_ms=_ms(t0))
-
-    async def release(self, ids: Sequence[str]) -> None:
-        await self.verifiers.release(ids)
-
-    @property
-    def drafter_up(self) -> bool:
-        return True
 
 
 class SplitDriver:

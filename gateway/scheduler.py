@@ -19,8 +19,9 @@ from opentelemetry import trace
 
 from engine.request import FinishReason
 from gateway.clients import Verdict
+from gateway.delivery import Delivery
 from gateway.metrics import GatewayMetrics
-from gateway.requests import Event, GatewayRequest
+from gateway.requests import GatewayRequest
 from gateway.rounds import RoundReport
 from gateway.settings import GatewaySettings
 from gateway.tasks import cancel_and_wait
@@ -49,6 +50,7 @@ class Scheduler:
         self.driver = driver
         self.s = settings
         self.m = metrics
+        self.delivery = Delivery(metrics)
         self.waiting: deque[GatewayRequest] = deque()
         self.running: dict[str, GatewayRequest] = {}
         self._leaving: list[str] = []
@@ -178,38 +180,17 @@ class Scheduler:
                 code = v.error_code if v is not None and v.error_code else grpc.StatusCode.INTERNAL
                 self._fail(r, code, v.error if v is not None else "no verdict for this request")
                 continue
-            r.rounds += 1
-            r.accepted += v.accepted
-            r.drafted += v.drafted
-            r.output_ids += v.committed
-            if v.committed:
-                if r.first_token_at is None:
-                    r.first_token_at = now
-                    self.m.ttft.observe(now - r.arrival)
-                elif r.last_token_at is not None:
-                    gap = (now - r.last_token_at) / len(v.committed)
-                    for _ in v.committed:
-                        self.m.itl.observe(gap)
-                r.last_token_at = now
-                self.m.streamed(len(v.committed), now)
-            r.finish_reason = v.finish_reason
-            r.events.put_nowait(Event(v.committed, v.text, v.finish_reason))
+            self.delivery.commit(r, v.committed, v.text, v.finish_reason, v.accepted, v.drafted, now)
             if r.finished:
                 del self.running[r.request_id]
                 self._end(r, release=True)
 
     def _fail(self, r: GatewayRequest, code: grpc.StatusCode, message: str) -> None:
-        r.finish_reason = FinishReason.ABORT
         self.running.pop(r.request_id, None)
-        r.events.put_nowait(Event(error=(code, message)))
+        self.delivery.fail(r, code, message)
         self._end(r, release=True)
 
     def _end(self, r: GatewayRequest, release: bool) -> None:
         if release:
             self._leaving.append(r.request_id)
-        self.m.requests.labels(r.finish_reason.value if r.finish_reason else "error").inc()
-        if r.span is not None:
-            r.span.set_attributes({"tandem.completion_tokens": len(r.output_ids), "tandem.rounds": r.rounds,
-                                   "tandem.accepted_tokens": r.accepted,
-                                   "tandem.finish_reason": r.finish_reason.value if r.finish_reason else "error"})
-            r.span.end()
+        self.delivery.end(r)

@@ -35,9 +35,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return r
 
     async def _events(self, r: GatewayRequest, context):
+        """The request's events; those that queued while the client's last message was sent go out as one (a
+        busy gateway sends fewer, larger messages instead of falling behind)."""
+        held: Event | None = None  # an error that came behind tokens: they go out first
         try:
             while True:
-                e: Event = await r.events.get()
+                e: Event = held or await r.events.get()
+                held = None
+                while e.error is None and e.finish_reason is None and not r.events.empty():
+                    nxt = r.events.get_nowait()
+                    if nxt.error is not None:
+                        held = nxt
+                        break
+                    e = Event(e.token_ids + nxt.token_ids, e.text + nxt.text, nxt.finish_reason)
                 if e.error is not None:
                     await context.abort(*e.error)
                 yield e

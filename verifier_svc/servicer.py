@@ -14,6 +14,10 @@ from protos.tandem.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from rpc import convert, tensors
 from rpc.status import code_for, message_for
 from verifier_svc.service import PrefillItem, Result, VerifierEngine
+from verifier_svc.serving import Admit, Outcome, RoundLoop
+
+_END = object()  # the caller closed its side of a Serve stream
+MAX_ROUNDS_PER_UPDATE = 64  # rounds a slow reader gets in one ServeUpdate
 
 
 def verdict(request_id: str, result: Result) -> verifier_pb2.Verdict:
@@ -30,6 +34,26 @@ def verdict(request_id: str, result: Result) -> verifier_pb2.Verdict:
     return v
 
 
+def round_report(o: Outcome) -> verifier_pb2.RoundReport:
+    return verifier_pb2.RoundReport(
+        slots=tensors.encode(o.slots), counts=tensors.encode(o.counts), tokens=tensors.encode(o.tokens),
+        accepted=tensors.encode(o.accepted), drafted=tensors.encode(o.drafted), k=tensors.encode(o.k),
+        finish=tensors.encode([convert.finish_to_pb(f) for f in o.finish], "int32"), text=o.text,
+        text_offsets=tensors.encode(o.text_offsets), start_unix_nano=o.start_unix_nano, duration_ns=o.duration_ns)
+
+
+def _update(items: list) -> verifier_pb2.ServeUpdate:
+    update = verifier_pb2.ServeUpdate()
+    for item in items:
+        if isinstance(item, Outcome):
+            update.rounds.append(round_report(item))
+        else:
+            slot, exc = item
+            update.errors.append(verifier_pb2.SlotError(slot=slot, code=code_for(exc).value[0],
+                                                        message=message_for(exc)))
+    return update
+
+
 def _convert(fn: Callable, *args):
     try:
         return fn(*args)
@@ -42,6 +66,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.engine = engine
         self.vocab = vocab_size
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-engine")
+        self.loop = RoundLoop(engine.decoder, self.pool)
 
     async def run(self, fn: Callable, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -86,3 +111,49 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Release(self, request, context):
         released = await self.run(self.engine.release, list(request.request_ids))
         return common_pb2.ReleaseResponse(released=released)
+
+    def _admit(self, it: verifier_pb2.ServeAdmit) -> Admit:
+        return Admit(it.slot, tensors.token_ids(it.prompt, "admit.prompt"),
+                     tensors.token_ids(it.output, "admit.output"),
+                     convert.sampling_from_pb(it.sampling, prefix="admit.sampling."))
+
+    async def _controls(self, requests, session, out: asyncio.Queue) -> None:
+        """The caller's side of a Serve stream into the round loop; a malformed admission is refused alone."""
+        try:
+            async for ctl in requests:
+                admits = []
+                for it in ctl.admit:
+                    try:
+                        admits.append(self._admit(it))
+                    except ValueError as exc:
+                        out.put_nowait((it.slot, exc))
+                cancels = tensors.token_ids(ctl.cancel, "cancel") if ctl.HasField("cancel") else []
+                self.loop.control(session, admits, cancels)
+        finally:
+            out.put_nowait(_END)
+
+    async def Serve(self, request_iterator, context):
+        if not self.engine.can_step:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "Serve needs an embedded drafter: start the verifier with --draft (co-located mode)")
+        out: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        session = self.loop.open(lambda item: loop.call_soon_threadsafe(out.put_nowait, item))
+        reader = asyncio.create_task(self._controls(request_iterator, session, out))
+        try:
+            while True:
+                items = [await out.get()]
+                while not out.empty() and len(items) < MAX_ROUNDS_PER_UPDATE:  # a slow reader gets rounds together
+                    items.append(out.get_nowait())
+                end = _END in items
+                items = [i for i in items if i is not _END]
+                if items:
+                    yield _update(items)
+                if end:
+                    if reader.done() and reader.exception() is not None:
+                        exc = reader.exception()
+                        await context.abort(code_for(exc), message_for(exc))
+                    return
+        finally:
+            reader.cancel()
+            self.loop.control(session, close=True)  # every request of the stream goes, its KV freed

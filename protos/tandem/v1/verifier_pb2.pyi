@@ -92,3 +92,67 @@ class VerifyResponse(_message.Message):
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
     def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
+
+class ServeControl(_message.Message):
+    __slots__ = ("admit", "cancel")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    admit: _containers.RepeatedCompositeFieldContainer[ServeAdmit]
+    cancel: _common_pb2.Tensor
+    def __init__(self, admit: _Optional[_Iterable[_Union[ServeAdmit, _Mapping]]] = ..., cancel: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class ServeAdmit(_message.Message):
+    __slots__ = ("slot", "prompt", "output", "sampling")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    prompt: _common_pb2.Tensor
+    output: _common_pb2.Tensor
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, slot: _Optional[int] = ..., prompt: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class ServeUpdate(_message.Message):
+    __slots__ = ("rounds", "errors")
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundReport]
+    errors: _containers.RepeatedCompositeFieldContainer[SlotError]
+    def __init__(self, rounds: _Optional[_Iterable[_Union[RoundReport, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SlotError, _Mapping]]] = ...) -> None: ...
+
+class RoundReport(_message.Message):
+    __slots__ = ("slots", "counts", "tokens", "accepted", "drafted", "k", "finish", "text", "text_offsets", "start_unix_nano", "duration_ns")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    DURATION_NS_FIELD_NUMBER: _ClassVar[int]
+    slots: _common_pb2.Tensor
+    counts: _common_pb2.Tensor
+    tokens: _common_pb2.Tensor
+    accepted: _common_pb2.Tensor
+    drafted: _common_pb2.Tensor
+    k: _common_pb2.Tensor
+    finish: _common_pb2.Tensor
+    text: bytes
+    text_offsets: _common_pb2.Tensor
+    start_unix_nano: int
+    duration_ns: int
+    def __init__(self, slots: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., counts: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., tokens: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., accepted: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., drafted: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., k: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., finish: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[bytes] = ..., text_offsets: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., start_unix_nano: _Optional[int] = ..., duration_ns: _Optional[int] = ...) -> None: ...
+
+class SlotError(_message.Message):
+    __slots__ = ("slot", "code", "message")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    code: int
+    message: str
+    def __init__(self, slot: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

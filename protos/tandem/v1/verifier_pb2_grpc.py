@@ -58,6 +58,11 @@ class VerifierStub:
                 request_serializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Serve = channel.stream_stream(
+                '/tandem.v1.Verifier/Serve',
+                request_serializer=protos_dot_tandem_dot_v1_dot_verifier__pb2.ServeControl.SerializeToString,
+                response_deserializer=protos_dot_tandem_dot_v1_dot_verifier__pb2.ServeUpdate.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -92,6 +97,16 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Serve(self, request_iterator, context):
+        """Co-located serving at engine speed: the verifier runs rounds back to back (its embedded
+        drafter drafts) for the requests admitted on this stream, and streams their outcome back,
+        one packed RoundReport per round. No round waits on the caller; closing the stream releases
+        every request it admitted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +129,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
                     response_serializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Serve': grpc.stream_stream_rpc_method_handler(
+                    servicer.Serve,
+                    request_deserializer=protos_dot_tandem_dot_v1_dot_verifier__pb2.ServeControl.FromString,
+                    response_serializer=protos_dot_tandem_dot_v1_dot_verifier__pb2.ServeUpdate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -227,6 +247,33 @@ class Verifier:
             '/tandem.v1.Verifier/Release',
             protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
             protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Serve(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.Verifier/Serve',
+            protos_dot_tandem_dot_v1_dot_verifier__pb2.ServeControl.SerializeToString,
+            protos_dot_tandem_dot_v1_dot_verifier__pb2.ServeUpdate.FromString,
             options,
             channel_credentials,
             insecure,
