@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Serving at engine speed (issue 21) on the GPU, after staging (../shared/device/README.md: stage.sh's chunks put
+# on the machine), one device call per part:
+#   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=A bash bench/device/issue21.sh
+# A: tandem bench-serve: the co-located and the split stack (default drafter, k 4) beside the in-process engine on
+#    the same prompts, concurrency 1, 8 and 64, greedy and T 0.7 (HumanEval, 128 new tokens, 4 client processes).
+# B: the split stack's rounds at batch 8 with the n-gram drafter, early drafts on and off (tandem bench-services),
+#    with the verifier's and the gateway's Python stacks sampled meanwhile (py-spy dump, from the carried .whl:
+#    carry [".carry/env", ".whl"]) into pyspy.txt.
+source "$(dirname "$0")/env.sh"
+name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
+case "${PART:-A}" in
+  A)
+    timeout 570 python3 -m cli.main bench-serve --name "$name-served" --servers tandem-colocated,tandem-split \
+      --concurrency 1,8,64 --temperatures 0,0.7 --max-tokens 128 --client-processes 4 --in-process \
+      --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-served.log" 2>&1
+    grep -E '^\{' "$OUT/$name-served.log" | cut -c1-200; echo "served done at $SECONDS s" ;;
+  B)
+    export TANDEM_ATTENTION=torch  # the services' prompts: no flashinfer JIT on a fresh machine
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    (for i in $(seq 1 60); do sleep 3
+       for p in $(pgrep -f 'cli.main (verifier|gateway)'); do
+         echo "== t=$((i * 3)) s pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80)"; py-spy dump --pid "$p" 2>&1
+       done; done) > "$OUT/pyspy.txt" 2>&1 &
+    spy=$!
+    timeout 400 python3 -m cli.main bench-services --name "$name-split-bs8" --draft ngram --k 4 --batch-sizes 8 \
+      --max-tokens 128 --waves 2 --device cuda --out-dir "$OUT" > "$OUT/$name-split-bs8.log" 2>&1
+    kill $spy; grep -E '^\{' "$OUT/$name-split-bs8.log" | cut -c1-200; echo "split done at $SECONDS s" ;;
+esac
+cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
