@@ -4,7 +4,7 @@
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=A bash bench/device/issue21.sh
 # A: tandem bench-serve: the co-located and the split stack (default drafter, k 4) beside the in-process engine on
 #    the same prompts, concurrency 1, 8 and 64, greedy and T 0.7 (HumanEval, 128 new tokens, 4 client processes).
-# B: the split stack's rounds at batch 8 with the n-gram drafter, early drafts on and off (tandem bench-services),
+# B: the co-located stack at concurrency 64, then the split stack's rounds at batch 8 with the n-gram drafter, early drafts on and off (tandem bench-services),
 #    with the verifier's and the gateway's Python stacks sampled meanwhile (py-spy dump, from the carried .whl:
 #    carry [".carry/env", ".whl"]) into pyspy.txt.
 source "$(dirname "$0")/env.sh"
@@ -23,7 +23,11 @@ case "${PART:-A}" in
          echo "== t=$((i * 3)) s pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80)"; py-spy dump --pid "$p" 2>&1
        done; done) > "$OUT/pyspy.txt" 2>&1 &
     spy=$!
-    timeout 400 python3 -m cli.main bench-services --name "$name-split-bs8" --draft ngram --k 4 --batch-sizes 8 \
+    timeout 150 python3 -m cli.main bench-serve --name "$name-colocated-c64" --servers tandem-colocated \
+      --concurrency 64 --max-tokens 128 --client-processes 4 --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-colocated-c64.log" 2>&1
+    grep -E '^\{' "$OUT/$name-colocated-c64.log" | cut -c1-200; echo "co-located done at $SECONDS s"
+    timeout 330 python3 -m cli.main bench-services --name "$name-split-bs8" --draft ngram --k 4 --batch-sizes 8 \
       --max-tokens 128 --waves 2 --device cuda --out-dir "$OUT" > "$OUT/$name-split-bs8.log" 2>&1
     kill $spy; grep -E '^\{' "$OUT/$name-split-bs8.log" | cut -c1-200; echo "split done at $SECONDS s" ;;
 esac
