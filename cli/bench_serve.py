@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
                 return Load(served.protocol, served.address, max_tokens, t, c, args.rate, args.client_processes,
                             args.seed, model_name=served.model_name)
 
-            run_load(load(max(args.concurrency), 0.0, 8), prompts_for(max(args.concurrency)))  # warm-up
+            for t in args.temperatures:  # warm-up: every concurrency's batch sizes and sampling modes once
+                for c in args.concurrency:
+                    run_load(load(c, t, 16), prompts_for(c)[:c])
             for t in args.temperatures:
                 for c in args.concurrency:
                     row = {**run_load(load(c, t, args.max_tokens), prompts_for(c)), "server": name,

@@ -226,6 +226,11 @@ class SpecDecoder:
                 self._finish(r)
         return outputs
 
+    def capture_rounds(self) -> int:
+        """On a GPU: capture the round graphs of every batch size a server will run (``FastPath.capture``), before
+        requests arrive; returns how many were built (0 without fused rounds)."""
+        return self.fast.capture(self.config.max_batch_size, self.config.spec_max_batch)
+
     def capture_prefills(self) -> int:
         """On a GPU: capture the target's prefill graph of every whole-prompt length now (with the features the
         drafter reads), and the drafter's own for its catch-up over a prompt, before requests arrive; returns

@@ -21,6 +21,8 @@ def warm_up(engine: VerifierEngine) -> None:
     """One tiny request through prefill, verify and (co-located) two steps, the second a fused round: kernels
     compiled (and the one-request graphs, and the prefill graph of every prompt length, captured) before SERVING."""
     engine.decoder.capture_prefills()
+    if engine.can_step:  # co-located: the round graphs of every batch size a Serve stream's rounds will take
+        engine.decoder.capture_rounds()
     ids = ["warmup"]
     engine.prefill([PrefillItem("warmup", [1, 2, 3, 4], [], SamplingParams(max_tokens=32, ignore_eos=True, seed=0))])
     engine.verify([RoundItem("warmup", [5])])

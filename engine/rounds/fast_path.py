@@ -57,6 +57,17 @@ class FastPath:
     def graphs(self) -> list[FusedRounds]:
         return [g for g in (self.fused, self.fused_plain) if g is not None]
 
+    def capture(self, max_batch: int, spec_max_batch: int | None) -> int:
+        """Build (capture) the round graphs a server's batches will take, before requests arrive: the speculative
+        graph for rounds of up to ``spec_max_batch`` rows (every size where there is no batch policy), the plain
+        graph for the larger ones the policy demotes."""
+        n = 0
+        if self.fused is not None:
+            n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch))
+        if self.fused_plain is not None and spec_max_batch < max_batch:
+            n += self.fused_plain.capture_buckets(max_batch, min_rows=spec_max_batch + 1)
+        return n
+
     def expect(self, plan: RoundPlan) -> None:
         """Before the drafter runs for a round: a round launched ahead for other rows than those about to run on
         its graph is dropped (every one, while any row runs off the graphs)."""

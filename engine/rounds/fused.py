@@ -27,6 +27,7 @@ tested without a GPU. The next round may be launched before this one is read (en
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -153,8 +154,24 @@ class FusedRounds:
             self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)])
         return results
 
+    def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
+                        modes: Sequence[Mode] = (Mode.GREEDY, Mode.SAMPLED)) -> int:
+        """Build (on a GPU: capture) now the graphs rounds of ``min_rows`` .. ``max_rows`` rows will take within
+        the first ``contexts`` context buckets, in these sampling modes, before requests arrive: a server's
+        rounds then never wait on a capture. Returns how many were built."""
+        rows = [b for b in self.batch_buckets if b >= min_rows and (b < max_rows or b == self._bucket(max_rows))]
+        built = 0
+        for key in itertools.product(rows, self.context_buckets[:contexts], modes):
+            if key not in self._graphs:
+                self._build(*key)
+                built += 1
+        return built
+
+    def _bucket(self, rows: int) -> int:
+        return next(b for b in self.batch_buckets if b >= rows)
+
     def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _RoundGraph:
-        rows_b = next(b for b in self.batch_buckets if b >= len(rows))
+        rows_b = self._bucket(len(rows))
         ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * self.k + 1)
         mode = Mode.of([r.params for r in rows])
         return self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)

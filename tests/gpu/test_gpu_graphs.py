@@ -152,3 +152,18 @@ def test_the_drafter_service_warm_up_captures_the_heads_prompt_graphs(f32):
     feats = torch.randn(len(prompt) - 1, engine.feature_size, device="cuda")
     [d] = engine.draft([DraftItem("r", 0, prompt, 4, GREEDY, feats, 0)])
     assert len(d.tokens) == 4 and pg.num_captured == captured
+
+
+def test_a_servers_round_graphs_are_captured_before_requests_arrive(f32):
+    """``capture_rounds`` (the co-located verifier's warm-up) builds the round graphs of every batch size the
+    batch policy uses; requests arriving and leaving at sizes 1 .. 16 then capture nothing new."""
+    dec = make_decoder(f32, "auto", k=4, max_batch_size=16, device="cuda", dtype="float32", attention="torch",
+                       spec_max_batch=3)
+    built = dec.capture_rounds()
+    assert built == len(dec.fused._graphs) + len(dec.fused_plain._graphs) > 0
+    before = dec.fused.num_captured + dec.fused_plain.num_captured
+    prompts = [f32.tokenizer.encode(t) for t in ("def f(x):", "Hello", "import os", "The sky", "x = 1")]
+    for n in (1, 3, 5, 16):  # the speculative graph's sizes, then the plain graph's
+        dec.generate([prompts[i % len(prompts)] for i in range(n)],
+                     SamplingParams(max_tokens=24, ignore_eos=True))
+    assert dec.fused.num_captured + dec.fused_plain.num_captured == before
