@@ -60,12 +60,13 @@ class FastPath:
     def capture(self, max_batch: int, spec_max_batch: int | None) -> int:
         """Build (capture) the round graphs a server's batches will take, before requests arrive: the speculative
         graph for rounds of up to ``spec_max_batch`` rows (every size where there is no batch policy), the plain
-        graph for the larger ones the policy demotes."""
+        graph for every size (the requests the policy demotes decode plainly to their end, as their batch
+        shrinks too)."""
         n = 0
         if self.fused is not None:
             n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch))
         if self.fused_plain is not None and spec_max_batch < max_batch:
-            n += self.fused_plain.capture_buckets(max_batch, min_rows=spec_max_batch + 1)
+            n += self.fused_plain.capture_buckets(max_batch)
         return n
 
     def expect(self, plan: RoundPlan) -> None:
