@@ -19,7 +19,7 @@ from rpc.server import client_options
 
 @dataclass(frozen=True)
 class Verdict:
-    request_id: str
+    request_id: str  # the gateway's key of the request (GatewayRequest.key), never a client's id
     committed: list[int]
     text: str
     accepted: int
@@ -84,7 +84,7 @@ class VerifierClient:
 
     async def prefill(self, reqs: Sequence[GatewayRequest], feature_layers: Sequence[int] = (),
                       feature_window: int = 0) -> list[Verdict]:
-        items = [verifier_pb2.PrefillItem(request_id=r.request_id, prompt=tensors.encode(r.prompt_ids, "int32"),
+        items = [verifier_pb2.PrefillItem(request_id=r.key, prompt=tensors.encode(r.prompt_ids, "int32"),
                                           output=tensors.encode(r.output_ids, "int32"),
                                           sampling=convert.sampling_to_pb(r.params)) for r in reqs]
         req = verifier_pb2.PrefillRequest(items=items, feature_layers=list(feature_layers),
@@ -96,7 +96,7 @@ class VerifierClient:
                      feature_window: int = 0) -> list[Verdict]:
         items = []
         for r, d, p in zip(reqs, drafts, probs):
-            item = verifier_pb2.VerifyItem(request_id=r.request_id, draft_tokens=tensors.encode(d, "int32"))
+            item = verifier_pb2.VerifyItem(request_id=r.key, draft_tokens=tensors.encode(d, "int32"))
             if p is not None and d:
                 item.draft_probs.CopyFrom(p)
             items.append(item)
@@ -105,7 +105,7 @@ class VerifierClient:
         return _verdicts(await self.stub.Verify(req, timeout=self.timeout))
 
     async def step(self, reqs: Sequence[GatewayRequest], ks: Sequence[int]) -> list[Verdict]:
-        items = [verifier_pb2.StepItem(request_id=r.request_id, k=k) for r, k in zip(reqs, ks)]
+        items = [verifier_pb2.StepItem(request_id=r.key, k=k) for r, k in zip(reqs, ks)]
         return _verdicts(await self.stub.Step(verifier_pb2.StepRequest(items=items), timeout=self.timeout))
 
     async def release(self, ids: Sequence[str]) -> None:
@@ -127,7 +127,7 @@ class DrafterClient:
                     ) -> list[DraftResult]:
         items = []
         for i, (r, s, t, k) in enumerate(zip(reqs, starts, tokens, ks)):
-            item = drafter_pb2.DraftItem(request_id=r.request_id, start=s, tokens=tensors.encode(t, "int32"), k=k,
+            item = drafter_pb2.DraftItem(request_id=r.key, start=s, tokens=tensors.encode(t, "int32"), k=k,
                                          sampling=convert.sampling_to_pb(r.params))
             if features is not None and features[i][1] is not None:
                 item.features.CopyFrom(tensors.encode(features[i][1]))

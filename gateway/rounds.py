@@ -134,7 +134,7 @@ class SplitDriver:
         return verdicts
 
     def _keep_features(self, reqs: Sequence[GatewayRequest], verdicts: Sequence[Verdict]) -> None:
-        by_id = {r.request_id: r for r in reqs}
+        by_id = {r.key: r for r in reqs}
         for v in verdicts:
             if v.features is not None and v.request_id in by_id:
                 by_id[v.request_id].features.add(v.features_start, v.features, self.s.feature_window)
@@ -142,14 +142,14 @@ class SplitDriver:
     # ---------------------------------------------------------------- drafters
     def _drafter_for(self, r: GatewayRequest) -> Replica[DrafterClient] | None:
         """The request's drafter; when that one is down, another that is up, sent the whole history (resync)."""
-        rep = self.drafters.pinned(r.request_id)
+        rep = self.drafters.pinned(r.key)
         if rep is not None and rep.up:
             return rep
         r.drafter_len, r.ready_drafts = 0, None
-        return self.drafters.pin(r.request_id)
+        return self.drafters.pin(r.key)
 
     def _has_drafter(self, r: GatewayRequest) -> bool:
-        rep = self.drafters.pinned(r.request_id)
+        rep = self.drafters.pinned(r.key)
         return rep is not None and rep.up
 
     async def _draft(self, reqs, starts, tokens, ks, features=None) -> list[DraftResult | None]:
@@ -167,7 +167,7 @@ class SplitDriver:
             for i, res in zip(idx, got):
                 out[i] = res
 
-        groups = self.drafters.group([r.request_id for r in reqs])
+        groups = self.drafters.group([r.key for r in reqs])
         await asyncio.gather(*(one(rep, idx) for rep, idx in groups.items()))
         return out
 

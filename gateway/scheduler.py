@@ -52,15 +52,13 @@ class Scheduler:
         self.m = metrics
         self.delivery = Delivery(metrics)
         self.waiting: deque[GatewayRequest] = deque()
-        self.running: dict[str, GatewayRequest] = {}
+        self.running: dict[str, GatewayRequest] = {}  # by key: a client's request_id is only a label
         self._leaving: list[str] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- the client side
     def submit(self, r: GatewayRequest) -> None:
-        if r.request_id in self.running or any(w.request_id == r.request_id for w in self.waiting):
-            raise ValueError(f"request_id: {r.request_id!r} is already in flight")
         if len(self.waiting) >= self.s.max_queue + max(0, self.s.max_batch_size - len(self.running)):
             raise Overloaded(f"queue full ({len(self.waiting)} waiting, {len(self.running)} running)")
         r.span = tracer.start_span("tandem.request", attributes={
@@ -78,8 +76,8 @@ class Scheduler:
         if r in self.waiting:
             self.waiting.remove(r)
             self._end(r, release=False)
-        elif r.request_id in self.running:
-            del self.running[r.request_id]
+        elif r.key in self.running:
+            del self.running[r.key]
             self._end(r, release=True)
         self._wake.set()
 
@@ -128,7 +126,7 @@ class Scheduler:
         if not new:
             return
         for r in new:
-            self.running[r.request_id] = r
+            self.running[r.key] = r
         with tracer.start_as_current_span("spec.prefill", attributes={
                 "spec.batch_size": len(new), "spec.request_ids": [r.request_id for r in new]}):
             verdicts = await self.driver.prefill(new)
@@ -170,27 +168,27 @@ class Scheduler:
 
     # ---------------------------------------------------------------- outcomes
     def _apply(self, reqs: Sequence[GatewayRequest], verdicts: Sequence[Verdict]) -> None:
-        by_id = {v.request_id: v for v in verdicts}
+        by_key = {v.request_id: v for v in verdicts}
         now = self.m.now()
         for r in reqs:
             if r.finished:  # cancelled while the round ran: its output is dropped
                 continue
-            v = by_id.get(r.request_id)
+            v = by_key.get(r.key)
             if v is None or v.error:
                 code = v.error_code if v is not None and v.error_code else grpc.StatusCode.INTERNAL
                 self._fail(r, code, v.error if v is not None else "no verdict for this request")
                 continue
             self.delivery.commit(r, v.committed, v.text, v.finish_reason, v.accepted, v.drafted, now)
             if r.finished:
-                del self.running[r.request_id]
+                del self.running[r.key]
                 self._end(r, release=True)
 
     def _fail(self, r: GatewayRequest, code: grpc.StatusCode, message: str) -> None:
-        self.running.pop(r.request_id, None)
+        self.running.pop(r.key, None)
         self.delivery.fail(r, code, message)
         self._end(r, release=True)
 
     def _end(self, r: GatewayRequest, release: bool) -> None:
         if release:
-            self._leaving.append(r.request_id)
+            self._leaving.append(r.key)
         self.delivery.end(r)

@@ -33,7 +33,7 @@ CallFn = Callable[[VerifierClient, list[int]], Awaitable[list[Verdict]]]  # posi
 
 
 def failed(r: GatewayRequest, code: grpc.StatusCode, message: str) -> Verdict:
-    return Verdict(r.request_id, [], "", 0, 0, None, message, code)
+    return Verdict(r.key, [], "", 0, 0, None, message, code)
 
 
 class Verifiers:
@@ -74,7 +74,7 @@ class Verifiers:
         while todo:  # each pass either finishes or loses a verifier, so this ends
             groups: dict[Replica[VerifierClient], list[int]] = {}
             for i in todo:
-                rep = self.pool.pin(reqs[i].request_id)
+                rep = self.pool.pin(reqs[i].key)
                 if rep is None:
                     out[i] = failed(reqs[i], grpc.StatusCode.UNAVAILABLE, "no verifier is available")
                 else:
@@ -97,7 +97,7 @@ class Verifiers:
         move: list[int] = []
         groups: dict[Replica[VerifierClient], list[int]] = {}
         for i, r in enumerate(reqs):
-            rep = self.pool.pinned(r.request_id)
+            rep = self.pool.pinned(r.key)
             if rep is not None and rep.up:
                 groups.setdefault(rep, []).append(i)
             else:

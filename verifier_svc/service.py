@@ -18,6 +18,7 @@ from engine.config import SamplingParams
 from engine.request import RequestOutput
 from engine.rounds.base import EXITS
 from engine.spec import CapacityError, RoundItem, SpecDecoder
+from verifier_svc.serving import SERVE_PREFIX
 
 Result = RequestOutput | Exception
 
@@ -74,7 +75,9 @@ class VerifierEngine:
     def _unique_running(self, ids: Sequence[str]) -> tuple[list[int], dict[int, Exception]]:
         ok, errors, seen = [], {}, set()
         for i, rid in enumerate(ids):
-            if rid in seen:
+            if rid.startswith(SERVE_PREFIX):  # a Serve stream's: only its own stream reaches it
+                errors[i] = KeyError(f"request_id: {rid!r} is not running here")
+            elif rid in seen:
                 errors[i] = ValueError(f"request_id: {rid!r} appears twice in one batch")
             elif rid not in self.decoder.requests:
                 errors[i] = KeyError(f"request_id: {rid!r} is not running here")
@@ -93,6 +96,9 @@ class VerifierEngine:
                 errors[i] = it
                 continue
             try:
+                if not it.request_id or it.request_id.startswith(SERVE_PREFIX):
+                    raise ValueError(f"request_id: {it.request_id!r} must be non-empty and not start with "
+                                     f"{SERVE_PREFIX!r} (reserved for Serve streams)")
                 self.decoder.start(it.prompt, it.params, it.request_id, it.output)
                 started.append(i)
             except (ValueError, CapacityError) as exc:
@@ -128,7 +134,8 @@ class VerifierEngine:
         return _fill(len(ids), ok, outputs, errors)
 
     def release(self, ids: Sequence[str]) -> int:
-        return sum(self.decoder.abort(rid) for rid in ids)
+        """Free these requests (a Serve stream's are freed by that stream alone)."""
+        return sum(self.decoder.abort(rid) for rid in ids if not rid.startswith(SERVE_PREFIX))
 
     def fast_path_exits(self) -> dict[str, int]:
         """Rows of co-located rounds that ran eagerly although the fast path exists, by reason (every exit reason,

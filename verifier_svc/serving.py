@@ -2,8 +2,8 @@
 
 Each open ``Serve`` stream is a ``Session``: the caller (the gateway) admits requests into it under
 slot numbers of its own and cancels them; the session's requests run in the verifier's one decoder
-beside every other session's, under internal ids (``s<session>:<slot>``), so nothing one caller
-names can reach another's request. The ``RoundLoop`` runs *ticks* on the engine's one worker
+beside every other session's, under internal ids (``serve:<session>:<slot>``, a namespace the per-request RPCs
+refuse), so nothing one caller names can reach another's request. The ``RoundLoop`` runs *ticks* on the engine's one worker
 thread: a tick applies the admissions and cancellations queued since the last one, runs one round
 (``SpecDecoder.step``: admission as the KV cache allows, the round-token budget, fused rounds
 launched ahead) and hands each session the rows of its requests as one ``Outcome``; then, while any
@@ -31,6 +31,8 @@ from engine.request import FinishReason, RequestOutput
 from engine.spec import SpecDecoder
 
 log = logging.getLogger("tandem.verifier")
+
+SERVE_PREFIX = "serve:"  # the requests of Serve streams; Prefill, Verify, Step and Release never name them
 
 @dataclass(frozen=True)
 class Admit:
@@ -67,7 +69,7 @@ class Session:
     live: set[int] = field(default_factory=set)  # slots of requests running or queued in the decoder
 
     def rid(self, slot: int) -> str:
-        return f"s{self.id}:{slot}"
+        return f"{SERVE_PREFIX}{self.id}:{slot}"
 
 
 def _columns(rows: Sequence[tuple[int, RequestOutput, int]], start: int, duration: int) -> Outcome:
@@ -157,7 +159,7 @@ class RoundLoop:
     def _hand_out(self, outputs: Sequence[RequestOutput], ks: dict[str, int], start: int, duration: int) -> None:
         by_session: dict[int, list[tuple[int, RequestOutput, int]]] = {}
         for o in outputs:
-            sid, _, slot = o.request_id[1:].partition(":")
+            sid, _, slot = o.request_id[len(SERVE_PREFIX):].partition(":")
             by_session.setdefault(int(sid), []).append((int(slot), o, ks.get(o.request_id, 0)))
         for sid, rows in by_session.items():
             session = self.sessions.get(sid)
