@@ -17,6 +17,7 @@ def _require(ok: bool, field_name: str, message: str) -> None:
 
 
 K_LIMIT = 32  # the largest draft length any setting or request may name
+MAX_TEMPERATURE = 100.0  # past this a distribution is uniform noise (and inf or NaN would poison the sampler)
 
 
 def default_max_k(k: int) -> int:
@@ -94,7 +95,8 @@ class SamplingParams:
     k: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        _require(0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+                 f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         _require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
         _require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.max_tokens > 0, "max_tokens", f"must be > 0, got {self.max_tokens}")

@@ -127,6 +127,13 @@ class RequestBuilder:
             raise ValueError(f"sampling.max_tokens: {params.max_tokens} exceeds the limit of {self.s.max_tokens_limit}")
         if params.k is not None:
             check_k(params.k, self.s.max_k, "sampling.k")
+        if len(params.stop) > self.s.max_stop_strings:
+            raise ValueError(f"sampling.stop: {len(params.stop)} stop strings exceed the limit of "
+                             f"{self.s.max_stop_strings}")
+        longest = max((len(x) for x in params.stop), default=0)
+        if longest > self.s.max_stop_chars:
+            raise ValueError(f"sampling.stop: a stop string of {longest} characters exceeds the limit of "
+                             f"{self.s.max_stop_chars}")
         if params.seed is None:
             params = dataclasses.replace(params, seed=random.getrandbits(63))
         return GatewayRequest(request_id=req.request_id or uuid.uuid4().hex, prompt_ids=ids, params=params,

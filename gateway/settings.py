@@ -25,6 +25,9 @@ class GatewaySettings(ServerSettings, DraftLengthSettings):
     max_queue: int = Field(256, ge=0, description="requests waiting beyond the batch before RESOURCE_EXHAUSTED")
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     max_prompt_bytes: int = Field(1 << 20, ge=1, description="largest prompt (text, messages or ids) in bytes")
+    max_stop_strings: int = Field(16, ge=0, description="most stop strings a request may give (each is checked "
+                                                        "against every token it commits)")
+    max_stop_chars: int = Field(256, ge=1, description="longest stop string a request may give, in characters")
     draft_timeout_s: float = Field(2.0, gt=0, description="deadline of a Draft RPC; late drafts mean plain decoding")
     verify_timeout_s: float = Field(120.0, gt=0, description="deadline of Prefill/Verify/Step RPCs")
     early_draft: bool = Field(True, description="draft round r+1 while round r is verified (split mode)")

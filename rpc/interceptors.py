@@ -130,13 +130,17 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
 
     @contextmanager
     def _server_span(self, method: str, parent: otel_context.Context,
-                     context: grpc.aio.ServicerContext) -> Iterator[Span]:
-        """The handler's SERVER span, current inside the block; its status comes from how the block ends."""
+                     context: grpc.aio.ServicerContext, current: bool = True) -> Iterator[Span]:
+        """The handler's SERVER span, current inside the block (``current``); its status comes from how the block
+        ends."""
         name, attributes = _span_attributes(method)
         span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         code, details = grpc.StatusCode.OK, None
         try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            if current:
+                with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                    yield span
+            else:
                 yield span
             code = context.code() or grpc.StatusCode.OK
             details = context.details()
@@ -166,9 +170,19 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
                        method: str, parent: otel_context.Context
                        ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with self._server_span(method, parent, context):
+            # the span is current only while the handler computes its next response, never across a yield: a
+            # stream the client cancels is closed from another context, where a context attached before the
+            # yield could not be detached ("Failed to detach context")
+            with self._server_span(method, parent, context, current=False) as span:
                 async with aclosing(behavior(request, context)) as responses:
-                    async for response in responses:
+                    while True:
+                        token = otel_context.attach(trace.set_span_in_context(span))
+                        try:
+                            response = await anext(responses)
+                        except StopAsyncIteration:
+                            break
+                        finally:
+                            otel_context.detach(token)
                         yield response
         return traced
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -38,7 +40,7 @@ def _check(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...], ndim: int
         raise ValueError(f"{field}: expected {ndim} dimensions, got shape {list(t.shape)}")
     if any(d < 0 for d in t.shape):
         raise ValueError(f"{field}: negative dimension in shape {list(t.shape)}")
-    n = int(np.prod(t.shape)) if t.shape else 1
+    n = math.prod(int(d) for d in t.shape)  # Python ints: a shape like [2**32, 2**32] cannot overflow
     if len(t.data) != n * _ITEMSIZE[t.dtype]:
         raise ValueError(f"{field}: {len(t.data)} bytes do not hold shape {list(t.shape)} of {t.dtype}")
     return n
