@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperatures", type=_csv(float), default=[0.0], help="comma-separated (default 0)")
     p.add_argument("--client-processes", type=int, default=2, help="client processes (default 2)")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="request i samples with seed SEED + i (and Poisson arrivals draw from SEED); default 0")
     p.add_argument("--out-dir", default="bench/results", help="where the results go (default bench/results)")
     add_engine_args(p)
     p.set_defaults(run=run)

@@ -90,8 +90,8 @@ class EngineSettings(DraftLengthSettings):
                                      "32 where drafts cross the wire, in the drafter service)")
     max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward: running "
                                           "requests first, then prompts in chunks (chunked prefill); none: no budget")
-    enforce_eager: bool = Field(False, description="run every forward eagerly: no CUDA graphs (default: graphs on "
-                                                   "cuda)")
+    enforce_eager: bool = Field(False, description="run every forward eagerly, with no CUDA graphs (off: forwards "
+                                                   "replay CUDA graphs on cuda)")
     fused_rounds: bool = Field(True, description="a whole round (verify, accept, the next drafts) as one CUDA graph "
                                "wherever graphs are on and the drafter drafts in a graph; off: step by step")
     spec_max_batch: OptionalInt = Field(3, ge=0, description="fused rounds speculate only while at most N requests "
