@@ -14,7 +14,7 @@ stack; vLLM's OpenAI server plain or with n-gram speculation, from the staged pe
 it with the same client: --client-processes processes streaming the same prompts (token ids),
 EOS ignored, at each --concurrency (each stream sends its next prompt when its last ends) or,
 with --rate, as Poisson arrivals. Reports tokens/s, time to first token and inter-token latency
-(p50/p99), per-request acceptance length and the client processes' CPU use (near 100%% would
+(p50/p99), per-request acceptance length and the client processes' CPU use (near 100% would
 mean the client, not the server, sets the number).
 
 --in-process also runs Tandem's engine in this process on the same prompts (batch size =
