@@ -68,6 +68,8 @@ def test_only_device_recipes_name_the_shared_directory_and_say_it_is_outside():
         if "../shared" not in text:
             continue
         rel = str(path.relative_to(ROOT))
+        if rel == "tests/test_docs.py":  # this check, and its probe
+            continue
         if not rel.startswith(DEVICE_RECIPES):
             offenders.append(f"{rel}: names ../shared")
         elif OUTSIDE not in text:
