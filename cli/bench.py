@@ -72,7 +72,8 @@ def add_parser(sub) -> None:
                    help="under load: per-forward token budgets to compare, 0 = none (default 0,256)")
     p.add_argument("--memory-bandwidth-gbs", type=float,
                    help="for the bandwidth floor of a forward (default: known for H100/H200/A100)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="request i samples with seed SEED + i (and Poisson arrivals draw from SEED); default 0")
     p.add_argument("--out-dir", default="bench/results", help="where the results go (default bench/results)")
     add_engine_args(p, draft=False)
     p.set_defaults(run=run)

@@ -14,7 +14,7 @@ stack; vLLM's OpenAI server plain or with n-gram speculation, from the staged pe
 it with the same client: --client-processes processes streaming the same prompts (token ids),
 EOS ignored, at each --concurrency (each stream sends its next prompt when its last ends) or,
 with --rate, as Poisson arrivals. Reports tokens/s, time to first token and inter-token latency
-(p50/p99), per-request acceptance length and the client processes' CPU use (near 100%% would
+(p50/p99), per-request acceptance length and the client processes' CPU use (near 100% would
 mean the client, not the server, sets the number).
 
 --in-process also runs Tandem's engine in this process on the same prompts (batch size =
@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperatures", type=_csv(float), default=[0.0], help="comma-separated (default 0)")
     p.add_argument("--client-processes", type=int, default=2, help="client processes (default 2)")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="request i samples with seed SEED + i (and Poisson arrivals draw from SEED); default 0")
     p.add_argument("--out-dir", default="bench/results", help="where the results go (default bench/results)")
     add_engine_args(p)
     p.set_defaults(run=run)

@@ -13,15 +13,16 @@ def add_parser(sub) -> None:
         description="Start the real stack for each configuration (co-located; split with early drafts; split "
                     "without), run waves of concurrent greedy requests (ShareGPT prompts, training split) and "
                     "report per-round times from the gateway's own metrics. Writes bench/results/<name>.json.")
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", required=True, help="results name (bench/results/NAME.json)")
     p.add_argument("--draft", default="ngram", help="drafter for every configuration (default ngram)")
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--batch-sizes", default="1,32", help="comma-separated (default 1,32)")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (EOS ignored; default 64)")
     p.add_argument("--waves", type=int, default=2, help="batches per batch size (default 2)")
-    p.add_argument("--device")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--out-dir", default="bench/results")
+    p.add_argument("--device", help="cpu or cuda[:N] for the verifier and the drafter (default cuda when present)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV dtype (default float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--out-dir", default="bench/results", help="where the results go (default bench/results)")
     p.set_defaults(run=run)
 
 

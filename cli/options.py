@@ -9,6 +9,18 @@ from engine.config import SamplingParams
 from rpc.settings import EngineSettings
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after a flag's help, only where it says something: not for a required flag, a
+    default of None (the help says what happens then), an on/off switch, or help that names its default already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.required or action.default is None or action.default is argparse.SUPPRESS
+                or isinstance(action.default, bool) or "default" in text):
+            return text
+        return super()._get_help_string(action)
+
+
 def add_engine_args(p: argparse.ArgumentParser, draft: bool = True, k: bool = True) -> None:
     """The engine's flags, generated from ``rpc.settings.EngineSettings`` as the services' are (same names,
     defaults and TANDEM_* variables); ``draft``/``k`` False: the caller defines its own --draft / --k."""

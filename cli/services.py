@@ -6,26 +6,30 @@ import argparse
 
 from cli.settings_args import add_settings_args, settings_from
 
+# name -> (settings module, settings class, one line for `tandem --help`, the description of `tandem NAME --help`)
 _SERVICES = {
-    "verifier": ("verifier_svc.settings", "VerifierSettings",
+    "verifier": ("verifier_svc.settings", "VerifierSettings", "serve the target model (tandem.v1.Verifier)",
                  "Serve the target model (tandem.v1.Verifier): Prefill, Verify and, with --draft, co-located Step."),
-    "drafter": ("drafter_svc.settings", "DrafterSettings",
-                "Serve a drafter (tandem.v1.Drafter): ngram[:N], layerskip:N or a draft model PATH."),
-    "gateway": ("gateway.settings", "GatewaySettings",
-                "Serve the client API (tandem.v1.Gateway): continuous batching over a verifier and a drafter."),
+    "drafter": ("drafter_svc.settings", "DrafterSettings", "serve a drafter (tandem.v1.Drafter)",
+                "Serve a drafter (tandem.v1.Drafter) for a gateway in split mode. --draft picks it: auto (the "
+                "default: the drafter trained for the model, an EAGLE head for SmolLM2-135M-Instruct, else ngram), "
+                "ngram[:N], layerskip:N or a PATH (an EAGLE head or a draft model)."),
+    "gateway": ("gateway.settings", "GatewaySettings", "serve the client API (tandem.v1.Gateway)",
+                "Serve the client API (tandem.v1.Gateway): continuous batching over verifiers and (split mode) "
+                "drafters, one spec.round span per round."),
 }
 
 
 def _settings_class(name: str):
     import importlib
 
-    module, cls, _ = _SERVICES[name]
+    module, cls, _, _ = _SERVICES[name]
     return getattr(importlib.import_module(module), cls)
 
 
 def add_parser(sub) -> None:
-    for name, (_, _, description) in _SERVICES.items():
-        p = sub.add_parser(name, help=description.split(":")[0].lower(), description=description)
+    for name, (_, _, summary, description) in _SERVICES.items():
+        p = sub.add_parser(name, help=summary, description=description)
         add_settings_args(p, _settings_class(name), f"{name} settings")
         p.set_defaults(run=run, service=name)
 

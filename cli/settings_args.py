@@ -18,7 +18,7 @@ def add_settings_args(p: argparse.ArgumentParser, cls: type[TandemSettings], tit
         flag = "--" + name.replace("_", "-")
         env = f"TANDEM_{name.upper()}"
         # a field whose default is None says in its description what it means (derived, or off)
-        default = "" if f.default is None else f"; default {f.default}"
+        default = "" if f.default is None else f"; default {_word(f.default)}"
         help_ = f"{f.description} ({env}{default})"
         if f.annotation is bool:
             g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
@@ -26,6 +26,11 @@ def add_settings_args(p: argparse.ArgumentParser, cls: type[TandemSettings], tit
             g.add_argument(flag, dest=name, default=None, metavar=name.upper(), choices=_choices(f.annotation),
                            help=help_)
     return fields
+
+
+def _word(value: object) -> str:
+    """A default as the help says it: on/off for a switch."""
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
 def _choices(annotation) -> list[str] | None:

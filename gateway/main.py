@@ -53,7 +53,7 @@ async def serve(settings: GatewaySettings) -> None:
     builder = RequestBuilder(target.tokenizer, target.config.vocab_size, max_context, settings)
     server = Server([Service(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name,
                              gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(builder, scheduler))],
-                    settings.host, settings.gateway_port, settings.max_message_bytes)
+                    settings.host, settings.gateway_port, settings.max_message_bytes, settings.reuse_port)
     metrics_port = serve_metrics(settings.metrics_port, settings.host)
 
     async def ready() -> None:

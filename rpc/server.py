@@ -1,14 +1,18 @@
 """Run a grpc.aio server the same way for every service: health, reflection, tracing, limits, shutdown.
 
 grpc.health.v1 reports NOT_SERVING until the caller marks the service ready (after the model
-is loaded and warmed up), and NOT_SERVING again while shutting down.
+is loaded and warmed up), and NOT_SERVING again while shutting down. A port another process
+already listens on is an error (``PortInUse``), not a port shared with it: gRPC would otherwise
+set SO_REUSEPORT and the kernel would split the connections between the two (``reuse_port``
+asks for that on purpose). How the process stops is ``rpc.lifetime``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
+import os
+import sys
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -17,10 +21,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rpc.interceptors import TracingServerInterceptor
+from rpc.lifetime import Shutdown, watch_parent
 from rpc.metrics import engine_gauges, serve_metrics
 from rpc.telemetry import shutdown_tracing
 
 log = logging.getLogger("tandem.rpc")
+
+# after the stop signal and the grace for calls in flight, this long for the rest of the stop (the gateway's
+# round loop, closing channels, flushing traces) before the process exits regardless
+STOP_MARGIN_S = 5.0
+
+
+class PortInUse(ValueError):
+    """The port is bound by another process (a ValueError: the CLI reports it as a bad setting, exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +52,11 @@ def client_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 class Server:
-    def __init__(self, services: list[Service], host: str, port: int, max_message_bytes: int) -> None:
+    def __init__(self, services: list[Service], host: str, port: int, max_message_bytes: int,
+                 reuse_port: bool = False) -> None:
         self.server = grpc.aio.server(interceptors=[TracingServerInterceptor()],
-                                      options=client_options(max_message_bytes))
+                                      options=[*client_options(max_message_bytes),
+                                               ("grpc.so_reuseport", 1 if reuse_port else 0)])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for s in services:
@@ -50,9 +65,13 @@ class Server:
         reflection.enable_server_reflection(
             [*self.names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
             self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise RuntimeError(f"could not bind {host}:{port}")
+            raise PortInUse(f"port {port} is already in use ({host}:{port}): another process listens there (another "
+                            f"tandem serve or service?); stop it or choose another port")
 
     async def start(self) -> None:
         for name in ["", *self.names]:
@@ -70,21 +89,31 @@ class Server:
 
 async def run_until_signal(server: Server, grace_s: float, warm_up: Callable[[], Awaitable[None]] | None = None,
                            on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Start, warm up, report SERVING, then serve until SIGINT/SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    """Start, warm up, report SERVING, then serve until SIGINT/SIGTERM; a signal ends every state promptly:
+
+    - starting (``warm_up``: a model's first calls, the gateway waiting for a verifier): the warm-up is given up
+      and the process stops;
+    - serving: new calls are refused (health NOT_SERVING), calls in flight get ``grace_s`` to finish (the
+      gateway's rounds go on meanwhile, so its streams can end normally), the rest are cancelled, then
+      ``on_stop``.
+
+    Whatever hangs, the process exits ``grace_s`` + ``STOP_MARGIN_S`` after the signal (``rpc.lifetime``).
+    (Before this is called, while a model loads, SIGTERM has its default effect: the process ends at once.)
+    """
+    shutdown = Shutdown(grace_s + STOP_MARGIN_S)
+    shutdown.install()
     await server.start()
-    if warm_up is not None:
-        await warm_up()
+    if warm_up is not None and not await shutdown.unless_stopped(warm_up()):
+        log.info("stopped while starting")
+        await server.stop(0)
+        return
     await server.ready()
     log.info("serving %s on port %d", ", ".join(server.names), server.port)
-    await stop.wait()
-    log.info("shutting down")
+    await shutdown.wait()
+    log.info("shutting down: calls in flight have %.1f s to finish", grace_s)
+    await server.stop(grace_s)
     if on_stop is not None:
         await on_stop()
-    await server.stop(grace_s)
 
 
 async def serve_engine_service(name: str, service: Service, port: int, settings, warm_up: Callable[[], Awaitable[None]],
@@ -94,7 +123,7 @@ async def serve_engine_service(name: str, service: Service, port: int, settings,
     ``settings`` is a ServerSettings (host, metrics_port, max_message_bytes, grace_s). Call
     ``setup_tracing`` before building the servicer.
     """
-    server = Server([service], settings.host, port, settings.max_message_bytes)
+    server = Server([service], settings.host, port, settings.max_message_bytes, settings.reuse_port)
     engine_gauges(name, stats)
     metrics_port = serve_metrics(settings.metrics_port, settings.host)
     log.info("%s: gRPC port %d, metrics port %s", name, server.port, metrics_port)
@@ -105,6 +134,13 @@ async def serve_engine_service(name: str, service: Service, port: int, settings,
 
 
 def run(serve: Callable[[object], Awaitable[None]], settings) -> None:
-    """Entry point of a service process: logging, then the asyncio loop."""
+    """Entry point of a service process: its lifeline to the process that started it (if any), logging, then the
+    asyncio loop. Once ``serve`` returns the process is done: it exits without waiting for an engine thread that
+    may still be busy with a warm-up or a round nobody will read."""
+    watch_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(settings))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

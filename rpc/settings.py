@@ -33,7 +33,11 @@ class ServerSettings(TandemSettings):
     host: str = Field("0.0.0.0", description="address to listen on")
     metrics_port: OptionalInt = Field(None, ge=0, le=65535, description="Prometheus /metrics port (none: off)")
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest gRPC message accepted")
-    grace_s: float = Field(5.0, ge=0, description="seconds to finish in-flight RPCs on shutdown")
+    grace_s: float = Field(5.0, ge=0, description="seconds calls in flight get to finish after SIGTERM; the process "
+                                                  "exits at most 5 s after that, whatever it was doing")
+    reuse_port: bool = Field(False, description="share the gRPC port with other processes that also ask for it "
+                             "(SO_REUSEPORT: the kernel splits connections between them); off: a port in use is an "
+                             "error")
 
 
 class DraftLengthSettings(TandemSettings):
@@ -86,8 +90,8 @@ class EngineSettings(DraftLengthSettings):
                                      "32 where drafts cross the wire, in the drafter service)")
     max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward: running "
                                           "requests first, then prompts in chunks (chunked prefill); none: no budget")
-    enforce_eager: bool = Field(False, description="run every forward eagerly: no CUDA graphs (default: graphs on "
-                                                   "cuda)")
+    enforce_eager: bool = Field(False, description="run every forward eagerly, with no CUDA graphs (off: forwards "
+                                                   "replay CUDA graphs on cuda)")
     fused_rounds: bool = Field(True, description="a whole round (verify, accept, the next drafts) as one CUDA graph "
                                "wherever graphs are on and the drafter drafts in a graph; off: step by step")
     spec_max_batch: OptionalInt = Field(3, ge=0, description="fused rounds speculate only while at most N requests "

@@ -3,6 +3,10 @@
 With ``verifiers``/``drafters`` > 1 each runs several replicas (processes ``verifier``,
 ``verifier-1``, ..., ``drafter``, ``drafter-1``, ...) on consecutive ports, and the gateway is
 given all their addresses.
+
+The processes cannot outlive the stack's process or be confused with another stack's: each holds
+the read end of the stack's lifeline (``rpc.lifetime.watch_parent``), so they stop when this
+process ends however it ends; and ``start`` refuses ports that something already listens on.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rpc.lifetime import LIFELINE_FD
 
 
 def free_block(n: int) -> int:
@@ -34,6 +42,18 @@ def free_block(n: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no free block of ports")
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on ``port`` (any address), tried as the services bind it: SO_REUSEADDR, so a
+    port whose old connections linger in TIME_WAIT counts as free, as it is for them."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
 
 
 @dataclass
@@ -93,11 +113,14 @@ def _flags(**values) -> list[str]:
 
 
 class Stack:
-    """Start, health-check and stop the service processes."""
+    """Start, health-check and stop the service processes; ``log_dir``: each one's output goes to ``NAME.log``
+    there instead of this process's stdout and stderr."""
 
-    def __init__(self, cfg: StackConfig) -> None:
+    def __init__(self, cfg: StackConfig, log_dir: Path | None = None) -> None:
         self.cfg = cfg
+        self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self._lifeline: tuple[int, int] | None = None  # (read, write): the children inherit only the read end
 
     @property
     def gateway_address(self) -> str:
@@ -125,16 +148,45 @@ class Stack:
             **c.gateway_flags})
         return cmds
 
+    def ports_in_use(self) -> list[str]:
+        """The stack's ports (gRPC and metrics) that something already listens on, as "PORT (NAME)"."""
+        names = self.commands()
+        wanted = [(port, name) for name, port in self.cfg.ports.items() if name in names]
+        wanted += [(port, f"{name} metrics") for name, port in self.cfg.metrics_ports.items() if name in names]
+        return [f"{port} ({name})" for port, name in sorted(wanted) if port_in_use(port)]
+
     def start(self) -> None:
-        env = {**os.environ, **self.cfg.extra_env}
-        for name, cmd in self.commands().items():
-            self.procs[name] = subprocess.Popen(cmd, env=env, start_new_session=True)
+        """Start every service; a port already in use is a ValueError naming it, before anything starts."""
+        busy = self.ports_in_use()
+        if busy:
+            raise ValueError(f"port: already in use: {', '.join(busy)}. Another tandem serve may be running; stop it "
+                             f"or choose other ports (--port)")
+        for name in self.commands():
+            self.start_one(name)
 
     def start_one(self, name: str) -> None:
-        self.procs[name] = subprocess.Popen(self.commands()[name], env={**os.environ, **self.cfg.extra_env},
-                                            start_new_session=True)
+        if self._lifeline is None:
+            self._lifeline = os.pipe()  # both ends close-on-exec; pass_fds below hands on the read end alone
+        read = self._lifeline[0]
+        env = {**os.environ, **self.cfg.extra_env, LIFELINE_FD: str(read)}
+        out = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path(name), "ab")
+        try:
+            # a session of its own: a Ctrl-C in the terminal reaches this process, which stops the services in order
+            self.procs[name] = subprocess.Popen(self.commands()[name], env=env, start_new_session=True,
+                                                pass_fds=(read,), stdout=out, stderr=subprocess.STDOUT if out else None)
+        finally:
+            if out is not None:
+                out.close()
 
-    def wait_ready(self, timeout_s: float = 600.0) -> None:
+    def log_path(self, name: str) -> Path | None:
+        return None if self.log_dir is None else self.log_dir / f"{name}.log"
+
+    def wait_ready(self, timeout_s: float = 600.0, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until every service reports SERVING (True), or until ``stop()`` says to give up (False). A service
+        that exits meanwhile is a RuntimeError, one still not SERVING after ``timeout_s`` a TimeoutError."""
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -144,8 +196,12 @@ class Stack:
             with grpc.insecure_channel(f"localhost:{ports[name]}") as ch:
                 stub = health_pb2_grpc.HealthStub(ch)
                 while True:
+                    if stop():
+                        return False
                     if self.procs[name].poll() is not None:
-                        raise RuntimeError(f"{name} exited with code {self.procs[name].returncode} while starting")
+                        log = self.log_path(name)
+                        raise RuntimeError(f"{name} exited with code {self.procs[name].returncode} while starting"
+                                           + (f"; its log: {log}" if log else ""))
                     try:
                         if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
                                 health_pb2.HealthCheckResponse.SERVING:
@@ -155,6 +211,7 @@ class Stack:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{name} did not become SERVING within {timeout_s:.0f} s")
                     time.sleep(0.25)
+        return True
 
     def metrics(self, service: str) -> dict[str, float]:
         """Scrape a service process's Prometheus endpoint (needs cfg.metrics_port), e.g. "verifier-1"."""
@@ -179,3 +236,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 4 in one device call, after staging (../shared/device/README.md):
+# Issue 4 in one device call, after staging (../shared/device/README.md, the GPU machine's notes beside the
+# checkout, outside this repository):
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> bash bench/device/drafters.sh
 # 1) trains a 4-layer draft LM sliced from the target for $LM_S seconds on the kept corpus (the
 #    target's answers to 6,000 ShareGPT prompts < 15800); 2) eval-draft on the H100 of that LM and the

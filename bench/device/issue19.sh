@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tandem beside vLLM 0.26.0 on one GPU (issue 19), in device calls of one lease. Stage first, on your machine:
 #   bash ../shared/device/stage.sh && bash bench/device/stage_peers.sh
-# (this recipe needs ../shared: the model, flashinfer and the runtime wheels come from its stage.sh), put every
+# (this recipe needs ../shared, beside the checkout and outside this repository: the model, flashinfer and the runtime wheels come from its stage.sh), put every
 # chunk both print on the machine, back to back, then one call per part:
 #   carry [".carry/env"]  command: source .carry/env/setup.sh && source .carry/env/peers.sh && \
 #                                  TANDEM_COMMIT=<sha> PART=A bash bench/device/issue19.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine restructured (issue 20) on the GPU, in two device calls of one lease, after staging
-# (../shared/device/README.md: bash ../shared/device/stage.sh, its chunks put on the machine):
+# (../shared/device/README.md, outside this repository: bash ../shared/device/stage.sh, its chunks put on the machine):
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=T bash bench/device/issue20.sh
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=AB BASE=.carry/base BASE_COMMIT=07c691b \
 #     bash bench/device/issue20.sh                  (carry .carry/base: `git archive 07c691b | tar -x -C .carry/base`)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 5's GPU checks and numbers, in two device calls back to back (after staging, see
-# ../shared/device/README.md):
+# ../shared/device/README.md, beside the checkout and outside this repository):
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=A bash bench/device/issue5.sh
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=B bash bench/device/issue5.sh
 # A: the GPU tests (kernels, graphs, sampling in fused rounds), a step and a fused-round profile, and

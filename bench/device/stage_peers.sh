@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage vLLM 0.26.0 as a benchmark peer for the GPU machine (no registry there), beside what
-# ../shared/device/stage.sh stages.  See bench/device/PEERS.md.
+# ../shared/device/stage.sh (outside this repository) stages.  See bench/device/PEERS.md.
 #
 # Order matters: stage.sh does `rm -rf .carry`, so run it first, then this, from the project root:
 #

@@ -102,7 +102,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     model.eval().requires_grad_(False)
     if progress:
         n = sum(p.numel() for p in model.parameters())
-        print(f"tandem: loaded {config.name} ({n / 1e6:.0f}M parameters, {config.num_layers} layers) "
+        layers = f"{config.num_layers} layers" if config.num_layers == total else \
+            f"its first {config.num_layers} of {total} layers"
+        print(f"tandem: loaded {config.name} ({layers}: {n / 1e6:.0f}M parameters) "
               f"on {device} as {str(dtype).removeprefix('torch.')}", file=sys.stderr)
     return LoadedModel(model=model, config=config, tokenizer=tokenizer, source=path, total_layers=total,
                        synthetic=is_synthetic)

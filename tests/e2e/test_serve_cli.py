@@ -59,3 +59,63 @@ def test_serve_client_and_ctrl_c(smollm):
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def _pids(line: str) -> list[int]:
+    """The service pids of a ``tandem serve: starting NAME (pid N, port P), ...`` line."""
+    return [int(p.split(",")[0]) for p in line.split("pid ")[1:]]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _serve(port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--device", "cpu",
+                             "--draft", "ngram", "--kv-cache-tokens", "2048"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TANDEM_GRACE_S": "1"})
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if _running(p)]
+
+
+def test_services_die_with_a_killed_serve_and_free_their_ports():
+    from rpc.stack import port_in_use
+
+    port = free_block(3)
+    serve = _serve(port)
+    try:
+        pids = _pids(serve.stdout.readline())
+        assert len(pids) == 3
+        deadline = time.monotonic() + 300
+        while "ready at" not in serve.stdout.readline():
+            assert serve.poll() is None and time.monotonic() < deadline, "tandem serve did not become ready"
+        serve.kill()  # SIGKILL: no handler runs in tandem serve
+        serve.wait()
+        assert _gone_within(pids, 15) == []
+        assert not any(port_in_use(p) for p in range(port, port + 3))  # a new stack can have them
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def test_sigterm_while_serve_starts_stops_everything():
+    serve = _serve(free_block(3))
+    try:
+        pids = _pids(serve.stdout.readline())
+        time.sleep(2.0)  # the services are loading
+        serve.terminate()
+        assert serve.wait(30) == 0
+        assert _gone_within(pids, 15) == []
+    finally:
+        if serve.poll() is None:
+            serve.kill()
