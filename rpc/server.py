@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rpc.decoding import DecodeErrorInterceptor
 from rpc.interceptors import TracingServerInterceptor
 from rpc.lifetime import Shutdown, watch_parent
 from rpc.metrics import engine_gauges, serve_metrics
@@ -54,7 +55,7 @@ def client_options(max_message_bytes: int) -> list[tuple[str, int]]:
 class Server:
     def __init__(self, services: list[Service], host: str, port: int, max_message_bytes: int,
                  reuse_port: bool = False) -> None:
-        self.server = grpc.aio.server(interceptors=[TracingServerInterceptor()],
+        self.server = grpc.aio.server(interceptors=[TracingServerInterceptor(), DecodeErrorInterceptor()],
                                       options=[*client_options(max_message_bytes),
                                                ("grpc.so_reuseport", 1 if reuse_port else 0)])
         self.health = health.aio.HealthServicer()
