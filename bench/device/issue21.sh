@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Serving at engine speed (issue 21) on the GPU, after staging (../shared/device/README.md: stage.sh's chunks put
-# on the machine), one device call per part:
+# Serving at engine speed (issue 21) on the GPU, after staging (../shared/device/README.md, outside this repository:
+# stage.sh's chunks put on the machine), one device call per part:
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=A bash bench/device/issue21.sh
 # A: tandem bench-serve: the co-located and the split stack (default drafter, k 4) beside the in-process engine on
 #    the same prompts, concurrency 1, 8 and 64, greedy and T 0.7 (HumanEval, 128 new tokens, 4 client processes).
-# B: the co-located stack at concurrency 64, then the split stack's rounds at batch 8 with the n-gram drafter, early drafts on and off (tandem bench-services),
-#    with the verifier's and the gateway's Python stacks sampled meanwhile (py-spy dump, from the carried .whl:
+# B: the co-located stack at concurrency 64, then the split stack's rounds at batch 8 with the n-gram drafter, early
+#    drafts on and off (tandem bench-services), with the verifier's and the gateway's Python stacks sampled meanwhile (py-spy dump, from the carried .whl:
 #    carry [".carry/env", ".whl"]) into pyspy.txt.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}

@@ -183,7 +183,8 @@ def test_health_checks_bring_replicas_down_and_up():
 
 
 def _req(i: int) -> GatewayRequest:
-    return GatewayRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=8), 2048, output_ids=[7] * i)
+    """A request whose gateway key (what pins it and names it to the verifiers) reads like its label."""
+    return GatewayRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=8), 2048, output_ids=[7] * i, key=f"r{i}")
 
 
 def _ok(r: GatewayRequest, token: int) -> Verdict:
