@@ -77,10 +77,11 @@ def _verdicts(resp: verifier_pb2.VerifyResponse) -> list[Verdict]:
 
 
 class VerifierClient:
-    def __init__(self, ch: grpc.aio.Channel, timeout_s: float) -> None:
+    def __init__(self, ch: grpc.aio.Channel, timeout_s: float, prefill_timeout_s: float | None = None) -> None:
         self.channel = ch
         self.stub = verifier_pb2_grpc.VerifierStub(ch)
         self.timeout = timeout_s
+        self.prefill_timeout = prefill_timeout_s or timeout_s  # a prompt's prefill has a deadline of its own
 
     async def prefill(self, reqs: Sequence[GatewayRequest], feature_layers: Sequence[int] = (),
                       feature_window: int = 0) -> list[Verdict]:
@@ -89,7 +90,7 @@ class VerifierClient:
                                           sampling=convert.sampling_to_pb(r.params)) for r in reqs]
         req = verifier_pb2.PrefillRequest(items=items, feature_layers=list(feature_layers),
                                           feature_window=feature_window)
-        return _verdicts(await self.stub.Prefill(req, timeout=self.timeout))
+        return _verdicts(await self.stub.Prefill(req, timeout=self.prefill_timeout))
 
     async def verify(self, reqs: Sequence[GatewayRequest], drafts: Sequence[list[int]],
                      probs: Sequence[common_pb2.DraftDistribution | None], feature_layers: Sequence[int] = (),

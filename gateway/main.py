@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from gateway.clients import DrafterClient, VerifierClient, channel
@@ -12,8 +13,9 @@ from gateway.requests import RequestBuilder
 from gateway.rounds import SplitDriver
 from gateway.scheduler import Scheduler
 from gateway.servicer import GatewayServicer
-from gateway.streamed import StreamedScheduler
 from gateway.settings import GatewaySettings
+from gateway.streamed import StreamedScheduler
+from gateway.tasks import cancel_and_wait
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc.metrics import serve_metrics
 from rpc.server import Server, Service, run, run_until_signal
@@ -27,6 +29,8 @@ def replica_pool(service: str, targets: list[Target], client_cls, timeout_s: flo
     """One channel and client per replica of a service, found through its address setting."""
     def make(address: str):
         ch = channel(address, timeout_s, settings.max_message_bytes)
+        if client_cls is VerifierClient:
+            return ch, VerifierClient(ch, timeout_s, settings.prefill_timeout_s)
         return ch, client_cls(ch, timeout_s)
 
     return ReplicaPool(service, Discovery(targets), make, probe_s=probe_s, discovery_s=settings.discovery_interval_s)
@@ -65,10 +69,15 @@ async def serve(settings: GatewaySettings) -> None:
         for pool in driver.pools:
             pool.start()
         scheduler.start()
+        tasks.append(asyncio.create_task(_report_health(server, verifiers, settings.verifier_probe_s)))
         log.info("gateway (%s mode) ready on port %d, metrics port %s; replicas: %s", driver.mode, server.port,
                  metrics_port, "; ".join(f"{p.service} {', '.join(p.replicas) or 'none'}" for p in driver.pools))
 
+    tasks: list[asyncio.Task] = []
+
     async def stop() -> None:
+        for task in tasks:
+            await cancel_and_wait(task)
         await scheduler.stop()
         for pool in driver.pools:
             await pool.close()
@@ -77,6 +86,18 @@ async def serve(settings: GatewaySettings) -> None:
         await run_until_signal(server, settings.grace_s, ready, stop)
     finally:
         shutdown_tracing()
+
+
+async def _report_health(server: Server, verifiers: ReplicaPool, probe_s: float) -> None:
+    """NOT_SERVING on grpc.health.v1 while no verifier is up (requests then wait for one), SERVING again after."""
+    serving = True
+    while True:
+        await asyncio.sleep(probe_s)
+        if verifiers.any_up != serving:
+            serving = verifiers.any_up
+            await server.set_serving(serving)
+            log.warning("no verifier is up: NOT_SERVING; requests wait for one" if not serving else
+                        "a verifier is up again: SERVING")
 
 
 def main(settings: GatewaySettings) -> None:

@@ -56,6 +56,10 @@ class GatewayRequest:
     # what pins it to a verifier; on a co-located Serve stream it is the stream's slot
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     slot: int = -1
+    deadline: float | None = None          # perf_counter time past which it may not wait any longer (the client's)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     @property
     def tokens(self) -> list[int]:

@@ -29,6 +29,11 @@ from gateway.tasks import cancel_and_wait
 log = logging.getLogger("tandem.gateway")
 tracer = trace.get_tracer("tandem.gateway")
 
+# a verdict with one of these codes means "not now": no verifier is up (lost, restarting) or none has KV room.
+# The request waits (its output so far kept) and is admitted again, until its deadline.
+WAIT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+RETRY_S = 0.25
+
 
 class Overloaded(Exception):
     """The queue is full: the request is refused before any work is queued."""
@@ -56,6 +61,7 @@ class Scheduler:
         self._leaving: list[str] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._retry_at = 0.0  # no admission before this (the last one found no verifier or no room)
 
     # ---------------------------------------------------------------- the client side
     def submit(self, r: GatewayRequest) -> None:
@@ -90,10 +96,17 @@ class Scheduler:
 
     async def _loop(self) -> None:
         while True:
-            if not (self.waiting or self.running or self._leaving):
+            if not (self.running or self._leaving):
                 self._wake.clear()
-                await self._wake.wait()
+                if not self.waiting:
+                    await self._wake.wait()
+                elif self._retry_at > self.m.now():  # only requests waiting for a verifier: not a busy loop
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), self._retry_at - self.m.now())
+                    except asyncio.TimeoutError:
+                        pass
             try:
+                self._expire()
                 await self._release()
                 await self._admit()
                 if self.running:
@@ -118,7 +131,25 @@ class Scheduler:
             except grpc.aio.AioRpcError as exc:  # a verifier that is gone holds no KV worth freeing
                 log.warning("release of %d requests failed: %s", len(ids), exc.code().name)
 
+    def _expire(self) -> None:
+        """Waiting requests past their deadline fail (they waited for a verifier, or for room, that did not come)."""
+        now = self.m.now()
+        for r in [w for w in self.waiting if w.expired(now)]:
+            self.waiting.remove(r)
+            self.delivery.fail(r, grpc.StatusCode.DEADLINE_EXCEEDED,
+                               "no verifier could take the request before its deadline")
+            self._end(r, release=False)
+
+    def _park(self, r: GatewayRequest, reason: str) -> None:
+        """``r`` waits at the head of the queue, its output so far kept, and is prefilled again later."""
+        self.running.pop(r.key, None)
+        self.waiting.appendleft(r)
+        self._retry_at = self.m.now() + RETRY_S
+        log.info("%s waits (%s); it is admitted again when a verifier can take it", r.request_id, reason)
+
     async def _admit(self) -> None:
+        if self.m.now() < self._retry_at:
+            return
         new = []
         while self.waiting and len(self.running) + len(new) < self.s.max_batch_size:
             new.append(self.waiting.popleft())
@@ -174,6 +205,9 @@ class Scheduler:
             if r.finished:  # cancelled while the round ran: its output is dropped
                 continue
             v = by_key.get(r.key)
+            if v is not None and v.error and v.error_code in WAIT and not r.expired(now):
+                self._park(r, v.error)
+                continue
             if v is None or v.error:
                 code = v.error_code if v is not None and v.error_code else grpc.StatusCode.INTERNAL
                 self._fail(r, code, v.error if v is not None else "no verdict for this request")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
@@ -31,6 +32,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             # off the event loop: tokenizing a long prompt (a chat template, a MiB of text) takes seconds that
             # every other stream would otherwise wait through
             r = await asyncio.to_thread(self.builder.build, request)
+            left = context.time_remaining()
+            r.deadline = time.perf_counter() + (left if left is not None else self.scheduler.s.wait_s)
             self.scheduler.submit(r)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

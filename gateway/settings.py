@@ -29,7 +29,11 @@ class GatewaySettings(ServerSettings, DraftLengthSettings):
                                                         "against every token it commits)")
     max_stop_chars: int = Field(256, ge=1, description="longest stop string a request may give, in characters")
     draft_timeout_s: float = Field(2.0, gt=0, description="deadline of a Draft RPC; late drafts mean plain decoding")
-    verify_timeout_s: float = Field(120.0, gt=0, description="deadline of Prefill/Verify/Step RPCs")
+    verify_timeout_s: float = Field(120.0, gt=0, description="deadline of a Verify RPC (one round)")
+    prefill_timeout_s: float = Field(900.0, gt=0, description="deadline of a Prefill RPC (a prompt, however long; "
+                                                              "past it that prompt fails alone)")
+    wait_s: float = Field(300.0, gt=0, description="longest a request waits for a verifier (none up, or restarting) "
+                                                   "or for KV room when its call has no deadline of its own")
     early_draft: bool = Field(True, description="draft round r+1 while round r is verified (split mode)")
     drafter_probe_s: float = Field(1.0, gt=0, description="health-check period of each drafter replica")
     feature_window: int = Field(1024, ge=1, description="a feature-fed drafter (EAGLE head) gets at most this many "

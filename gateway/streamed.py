@@ -10,7 +10,8 @@ admitted.
 
 A stream that fails (the verifier restarted or is gone, or its health checks fail) moves its requests: each is
 admitted again, with the output it has so far, on another verifier, or on the same one once it is back, and its
-client stream goes on without a gap or a repeat. Only when no verifier is up do they fail, with UNAVAILABLE.
+client stream goes on without a gap or a repeat. While no verifier is up, requests wait (``parked``) until one
+is, each until its own deadline (DEADLINE_EXCEEDED then).
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class StreamedScheduler:
         self.delivery = Delivery(metrics)
         self.links: dict[Replica[VerifierClient], Link] = {}
         self.in_flight = 0
+        self.parked: list[GatewayRequest] = []  # waiting for a verifier to be up
+        self._unpark: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- the client side
     def submit(self, r: GatewayRequest) -> None:
@@ -120,6 +123,7 @@ class StreamedScheduler:
         pass  # a stream opens with its verifier's first request
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._unpark)
         for link in list(self.links.values()):
             link.out.put_nowait(_CLOSE)
             await cancel_and_wait(link.task)
@@ -131,8 +135,10 @@ class StreamedScheduler:
 
     def _admit(self, r: GatewayRequest) -> None:
         rep = self.pool.pin(r.key)
-        if rep is None:
-            self._fail(r, grpc.StatusCode.UNAVAILABLE, "no verifier is available")
+        if rep is None:  # none up: it waits, its output so far kept, until one is (or its deadline)
+            self.parked.append(r)
+            if self._unpark is None or self._unpark.done():
+                self._unpark = asyncio.create_task(self._retry_parked(), name="unpark")
             return
         link = self.links.get(rep)
         if link is None:
@@ -141,6 +147,23 @@ class StreamedScheduler:
         link.out.put_nowait(verifier_pb2.ServeAdmit(
             slot=link.slot_for(r), prompt=tensors.encode(r.prompt_ids, "int32"),
             output=tensors.encode(r.output_ids, "int32"), sampling=convert.sampling_to_pb(r.params)))
+
+    async def _retry_parked(self) -> None:
+        """Until no request is parked: each probe period, admit the parked requests if a verifier is up, and fail
+        those past their deadline."""
+        while self.parked:
+            await asyncio.sleep(self.pool.probe_s)
+            now = self.m.now()
+            parked, self.parked = self.parked, []
+            for r in parked:
+                if r.finished:
+                    continue
+                if r.expired(now):
+                    self._fail(r, grpc.StatusCode.DEADLINE_EXCEEDED, "no verifier came up before its deadline")
+                elif self.pool.any_up:
+                    self._admit(r)
+                else:
+                    self.parked.append(r)
 
     async def _run(self, link: Link) -> None:
         """Read one verifier's stream until it ends; then its requests move."""

@@ -4,9 +4,10 @@ A request's KV cache lives in one verifier for all its rounds. ``prefill`` pins 
 to the least-loaded verifier; ``call`` runs a round's RPC on each verifier's share of the batch,
 the verifiers concurrently, and hands the verdicts back in batch order.
 
-A verifier is lost when its RPC fails with UNAVAILABLE or DEADLINE_EXCEEDED, when it fails its
-health checks (``ReplicaPool``), or, for one request, when it answers that it does not hold that
-request (NOT_FOUND: it restarted). No request fails for that: its requests are prefilled again on
+A verifier is lost when its RPC fails with UNAVAILABLE, when it fails its health checks
+(``ReplicaPool``: a hung one is given up there, and its calls in flight with it), or, for one request,
+when it answers that it does not hold that request (NOT_FOUND: it restarted). A call past its deadline
+(a long prefill) is not a lost verifier: that call's requests fail alone, with DEADLINE_EXCEEDED. No request fails for that: its requests are prefilled again on
 another verifier with their prompt and the output committed so far (``Prefill``'s ``output``), and
 that prefill's verdict, the next token, is their verdict of the round, so each client stream goes
 on without a gap or a repeat. Only when no verifier is left do they fail, with UNAVAILABLE.
@@ -26,7 +27,7 @@ from gateway.requests import GatewayRequest
 
 log = logging.getLogger("tandem.gateway")
 
-LOST = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+LOST = frozenset({grpc.StatusCode.UNAVAILABLE})  # a call past its deadline is a busy verifier, not a lost one
 
 PrefillFn = Callable[[VerifierClient, Sequence[GatewayRequest]], Awaitable[list[Verdict]]]
 CallFn = Callable[[VerifierClient, list[int]], Awaitable[list[Verdict]]]  # positions in the batch

@@ -80,8 +80,13 @@ class Server:
         await self.server.start()
 
     async def ready(self) -> None:
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """grpc.health.v1's answer for every service here (a gateway with no verifier up is NOT_SERVING)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.names]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(name, status)
 
     async def stop(self, grace_s: float) -> None:
         await self.health.enter_graceful_shutdown()

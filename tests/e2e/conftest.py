@@ -16,8 +16,8 @@ def start_stack(**overrides) -> Stack:
     # one torch thread per service process: three processes with two threads each on a 2-core CI
     # machine spend their time fighting over the cores
     env = {"OMP_NUM_THREADS": "1", **overrides.pop("extra_env", {})}
-    cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), device="cpu", kv_cache_tokens=8192,
-                      extra_env=env, **overrides)
+    cfg = StackConfig(**{"port": free_block(3), "metrics_port": free_block(3), "device": "cpu",
+                         "kv_cache_tokens": 8192, "extra_env": env, **overrides})
     stack = Stack(cfg)
     stack.start()
     try:

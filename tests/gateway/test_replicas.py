@@ -238,9 +238,28 @@ def test_a_lost_verifiers_requests_are_prefilled_again_elsewhere():
         verdicts = await verifiers.call(reqs, verify)
         assert verdicts[0].committed == [100] and b.client.prefilled[before:] == [("r0", 0)]
         assert [v.committed for v in verdicts[1:]] == [[200]] * 3
-        b.client.fail = grpc.StatusCode.DEADLINE_EXCEEDED  # the last verifier: nothing left, the requests fail
+        b.client.fail = grpc.StatusCode.UNAVAILABLE  # the last verifier: nothing left, "not now" for every request
         verdicts = await verifiers.call(reqs, verify)
         assert all(v.error_code == grpc.StatusCode.UNAVAILABLE for v in verdicts)
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_call_past_its_deadline_is_a_busy_verifier_not_a_lost_one():
+    """A long prefill outlasting its deadline fails that call's requests alone (DEADLINE_EXCEEDED); the verifier
+    stays up and keeps the others (issue 22: one long prompt marked the only verifier down, failing every stream)."""
+    async def scenario():
+        pool, verifiers = await two_verifiers()
+        reqs = [_req(i) for i in range(4)]
+        await verifiers.prefill(reqs)
+        a = pool.replicas["127.0.0.1:1"]
+        a.client.fail = grpc.StatusCode.DEADLINE_EXCEEDED
+        verdicts = await verifiers.call(reqs, lambda client, idx: client.verify([reqs[i] for i in idx]))
+        for r, v in zip(reqs, verdicts):
+            on_a = pool.pinned(r.request_id) is a
+            assert (v.error_code == grpc.StatusCode.DEADLINE_EXCEEDED) == on_a and (v.committed == [200]) != on_a
+        assert a.up and pool.moved == 0
         await pool.close()
 
     asyncio.run(scenario())

@@ -1,0 +1,102 @@
+"""Faults a single verifier brings (real processes): a restart, a full KV cache, a prompt past its deadline.
+
+With one verifier that is killed and started again, in-flight streams wait for it (the gateway is NOT_SERVING
+meanwhile) and go on from their output so far, equal to plain greedy decoding, in split and co-located mode.
+Requests that do not fit the KV cache now wait for room instead of failing. A prompt whose prefill outlasts its
+deadline fails alone: the verifier is busy, not lost, and the other streams finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.config import SamplingParams
+from protos.tandem.v1 import gateway_pb2
+from tests.conftest import make_decoder
+from tests.e2e.conftest import chat_request, generate, metrics, run, start_stack
+from tests.e2e.test_faults import _wait_for
+
+TEXTS = ["Tell me about the moon.", "Describe a cat in detail.", "Explain how rain forms."]
+N = 40
+
+
+@pytest.fixture(scope="module")
+def reference(smollm):
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
+    outs = make_decoder(smollm, "none").generate(prompts, SamplingParams(max_tokens=N, ignore_eos=True))
+    return [o.new_token_ids for o in outs]
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+@pytest.mark.parametrize("colocated", [False, True], ids=["split", "colocated"])
+def test_streams_ride_out_a_verifier_restart(reference, colocated):
+    stack = start_stack(draft="ngram", k=4, colocated=colocated, gateway_flags={"verifier_probe_s": 0.3})
+    try:
+        seen_down = []
+
+        def restart():
+            stack.kill("verifier")
+            _wait_for(lambda: _health(stack.gateway_address) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                      what="the gateway to report NOT_SERVING")
+            seen_down.append(True)
+            stack.start_one("verifier")
+
+        async def streams():
+            calls = [asyncio.create_task(generate(stack.gateway_address, chat_request(t, N, ignore_eos=True)))
+                     for t in TEXTS]
+            await asyncio.sleep(1.0)  # every stream under way
+            await asyncio.get_running_loop().run_in_executor(None, restart)
+            return await asyncio.gather(*calls)
+
+        results = run(streams())
+        assert seen_down and [ids for ids, _, _ in results] == reference  # nothing lost, nothing repeated
+        _wait_for(lambda: _health(stack.gateway_address) == health_pb2.HealthCheckResponse.SERVING,
+                  what="SERVING again")
+        _wait_for(lambda: metrics(stack, "verifier")["tandem_verifier_running"] == 0, what="the KV to be freed")
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("colocated", [False, True], ids=["split", "colocated"])
+def test_requests_wait_for_kv_room_instead_of_failing(colocated):
+    """A cache of 1,024 tokens and three requests that each reserve most of it: one runs at a time, none fails."""
+    stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=1024)
+    try:
+        async def three():
+            return await asyncio.gather(*(generate(stack.gateway_address, chat_request(t, 600, ignore_eos=True))
+                                          for t in TEXTS))
+
+        results = run(three())
+        assert [last.usage.completion_tokens for _, _, last in results] == [600] * 3
+    finally:
+        stack.stop()
+
+
+def test_a_prompt_past_its_prefill_deadline_fails_alone(reference):
+    stack = start_stack(draft="ngram", k=4, gateway_flags={"prefill_timeout_s": 1.0, "verifier_probe_s": 0.3})
+    try:
+        long = gateway_pb2.GenerateRequest(text="The quick brown fox jumps over the lazy dog. " * 350)
+        long.sampling.max_tokens = 4
+
+        async def both():
+            other = asyncio.create_task(generate(stack.gateway_address, chat_request(TEXTS[0], N, ignore_eos=True)))
+            await asyncio.sleep(0.5)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await generate(stack.gateway_address, long)
+            return err.value, await other
+
+        err, (ids, _, _) = run(both())
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert ids == reference[0]  # the verifier was busy, not lost: the other stream went on
+        assert _health(stack.gateway_address) == health_pb2.HealthCheckResponse.SERVING
+        _wait_for(lambda: metrics(stack, "verifier")["tandem_verifier_running"] == 0, what="the KV to be freed")
+    finally:
+        stack.stop()
