@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from drafter_svc.service import DrafterEngine, DraftItem
@@ -9,7 +10,7 @@ from drafter_svc.servicer import DrafterServicer
 from drafter_svc.settings import DrafterSettings
 from engine.config import EngineConfig, SamplingParams
 from protos.tandem.v1 import drafter_pb2, drafter_pb2_grpc
-from rpc.server import Service, run, serve_engine_service
+from rpc.server import Service, reap_forever, run, serve_engine_service
 from rpc.telemetry import setup_tracing
 
 log = logging.getLogger("tandem.drafter")
@@ -35,7 +36,7 @@ def build(settings: DrafterSettings, config: EngineConfig) -> DrafterEngine:
     target = load_model(path, device=config.device, dtype=config.torch_dtype,
                         max_layers=layers(spec) if layers else None, load_weights=layers is not None)
     drafter = build_drafter(spec, target, config)
-    return DrafterEngine(drafter, target.config.vocab_size, config.max_k)
+    return DrafterEngine(drafter, target.config.vocab_size, config.max_k, settings.lease_s)
 
 
 def warm_up(engine: DrafterEngine) -> None:
@@ -57,7 +58,13 @@ async def serve(settings: DrafterSettings) -> None:
     log.info("drafter: %s", settings.draft)
     await serve_engine_service("drafter", Service(drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name,
                                                   drafter_pb2_grpc.add_DrafterServicer_to_server, servicer),
-                               settings.drafter_port, settings, lambda: servicer.run(warm_up, engine), engine.stats)
+                               settings.drafter_port, settings, lambda: _start(servicer, engine, settings),
+                               engine.stats)
+
+
+async def _start(servicer: DrafterServicer, engine: DrafterEngine, settings: DrafterSettings) -> None:
+    await servicer.run(warm_up, engine)
+    servicer.reaper = asyncio.create_task(reap_forever("drafter", lambda: servicer.run(engine.reap), settings.lease_s))
 
 
 def main(settings: DrafterSettings) -> None:

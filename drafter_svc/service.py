@@ -14,6 +14,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
+from rpc.leases import Leases
 
 
 class ResyncNeeded(Exception):
@@ -38,11 +39,12 @@ class Draft:
 
 
 class DrafterEngine:
-    def __init__(self, drafter: Drafter, vocab_size: int, max_k: int) -> None:
+    def __init__(self, drafter: Drafter, vocab_size: int, max_k: int, lease_s: float = 300.0) -> None:
         self.drafter = drafter
         self.vocab = vocab_size
         self.max_k = max_k
         self.histories: dict[str, list[int]] = {}
+        self.leases = Leases(lease_s)  # a history no Draft names for this long belongs to a gateway that is gone
 
     def capture_prefills(self) -> int:
         """The drafter's catch-up graphs for whole prompts, before requests (on a GPU; 0 where nothing is captured)."""
@@ -76,6 +78,7 @@ class DrafterEngine:
                 results.append(None)  # type: ignore[arg-type]
             except (ValueError, ResyncNeeded) as exc:
                 results.append(exc)
+        self.leases.renew(items[i].request_id for i in ok)
         if ok:
             reqs = [DraftRequest(items[i].request_id, self.histories[items[i].request_id], items[i].k, items[i].params,
                                  features=items[i].features, features_start=items[i].features_start) for i in ok]
@@ -106,7 +109,12 @@ class DrafterEngine:
     def feature_size(self) -> int:
         return self.drafter.feature_size
 
+    def reap(self) -> int:
+        """Free the histories no Draft has named for the lease period; returns how many."""
+        return self.release(self.leases.expired())
+
     def release(self, ids: Sequence[str]) -> int:
+        self.leases.drop(ids)
         n = 0
         for rid in ids:
             n += self.histories.pop(rid, None) is not None

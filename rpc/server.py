@@ -122,6 +122,16 @@ async def run_until_signal(server: Server, grace_s: float, warm_up: Callable[[],
         await on_stop()
 
 
+async def reap_forever(name: str, reap: Callable[[], Awaitable[int]], lease_s: float) -> None:
+    """Every quarter lease, free what no caller renewed (``reap``: on the engine's thread, returns how many)."""
+    while True:
+        await asyncio.sleep(lease_s / 4)
+        n = await reap()
+        if n:
+            log.warning("%s: %d requests freed: no call named them for %.0f s (their gateway is gone?)", name, n,
+                        lease_s)
+
+
 async def serve_engine_service(name: str, service: Service, port: int, settings, warm_up: Callable[[], Awaitable[None]],
                                stats: Callable[[], dict[str, int]]) -> None:
     """The verifier's and drafter's life: serve ``service`` with engine gauges until a signal, then flush traces.

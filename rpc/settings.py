@@ -121,6 +121,9 @@ class EngineSettings(DraftLengthSettings):
 class ServiceEngineSettings(ServerSettings, EngineSettings):
     """A service that runs an engine (verifier, drafter): its server settings and every engine knob."""
 
+    lease_s: float = Field(300.0, gt=0, description="a request no call has named for this long is freed (its gateway "
+                                                   "is gone); a co-located Serve stream's end with their stream")
+
 
 def load(cls: type[TandemSettings], **flags) -> TandemSettings:
     """Settings from the environment, overridden by flags that were given (None = not given)."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from engine.config import SamplingParams
 from engine.spec import RoundItem
 from protos.tandem.v1 import verifier_pb2, verifier_pb2_grpc
 from rpc.metrics import engine_counter
-from rpc.server import Service, run, serve_engine_service
+from rpc.server import Service, reap_forever, run, serve_engine_service
 from rpc.telemetry import setup_tracing
 from verifier_svc.service import PrefillItem, VerifierEngine
 from verifier_svc.servicer import VerifierServicer
@@ -37,14 +38,20 @@ async def serve(settings: VerifierSettings) -> None:
 
     setup_tracing("tandem-verifier")
     built = build_engine(settings.model, settings.draft, settings.engine_config())
-    engine = VerifierEngine(built.decoder)
+    engine = VerifierEngine(built.decoder, settings.lease_s)
     servicer = VerifierServicer(engine, built.target.config.vocab_size)
     log.info("verifier: model %s, embedded drafter %s", built.target.source, settings.draft)
     engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
                    "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
-                               settings.verifier_port, settings, lambda: servicer.run(warm_up, engine), engine.stats)
+                               settings.verifier_port, settings, lambda: _start(servicer, engine, settings),
+                               engine.stats)
+
+
+async def _start(servicer: VerifierServicer, engine: VerifierEngine, settings: VerifierSettings) -> None:
+    await servicer.run(warm_up, engine)
+    servicer.reaper = asyncio.create_task(reap_forever("verifier", lambda: servicer.run(engine.reap), settings.lease_s))
 
 
 def main(settings: VerifierSettings) -> None:

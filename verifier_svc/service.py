@@ -18,6 +18,7 @@ from engine.config import SamplingParams
 from engine.request import RequestOutput
 from engine.rounds.base import EXITS
 from engine.spec import CapacityError, RoundItem, SpecDecoder
+from rpc.leases import Leases
 from verifier_svc.serving import SERVE_PREFIX
 
 Result = RequestOutput | Exception
@@ -39,8 +40,9 @@ def _fill(n: int, ran: Sequence[int], outputs: Sequence[RequestOutput], errors: 
 
 
 class VerifierEngine:
-    def __init__(self, decoder: SpecDecoder) -> None:
+    def __init__(self, decoder: SpecDecoder, lease_s: float = 300.0) -> None:
         self.decoder = decoder
+        self.leases = Leases(lease_s)  # the per-request RPCs' requests; a Serve stream's end with the stream
 
     @property
     def can_step(self) -> bool:
@@ -103,8 +105,9 @@ class VerifierEngine:
                 started.append(i)
             except (ValueError, CapacityError) as exc:
                 errors[i] = exc
+        self.leases.renew(items[i].request_id for i in started)
         outputs = self._round([RoundItem(items[i].request_id) for i in started], layers, feature_window)
-        return _fill(len(items), started, outputs, errors)
+        return self._done(_fill(len(items), started, outputs, errors))
 
     def verify(self, items: Sequence[RoundItem | Exception], feature_layers: Sequence[int] = (),
                feature_window: int = 0) -> list[Result]:
@@ -122,20 +125,36 @@ class VerifierEngine:
                 errors[i] = ValueError(f"draft_tokens: {len(items[i].drafts)} drafts exceed what "
                                        f"{ids[i]} may take this round")
                 ok.remove(i)
+        self.leases.renew(ids[i] for i in ok)
         outputs = self._round([items[i] for i in ok], layers, feature_window)
-        return _fill(len(items), ok, outputs, errors)
+        return self._done(_fill(len(items), ok, outputs, errors))
 
     def step(self, ids: Sequence[str], ks: Sequence[int | None]) -> list[Result]:
         """Co-located round: the embedded drafter proposes, the target verifies, one call; requests already
         decoding go through the fused round (one graph, one host sync) as in ``tandem generate``."""
         ok, errors = self._unique_running(ids)
         reqs = [self.decoder.requests[ids[i]] for i in ok]
+        self.leases.renew(ids[i] for i in ok)
         outputs = self.decoder.decode_round(reqs, [ks[i] for i in ok]) if reqs else []
-        return _fill(len(ids), ok, outputs, errors)
+        return self._done(_fill(len(ids), ok, outputs, errors))
 
     def release(self, ids: Sequence[str]) -> int:
         """Free these requests (a Serve stream's are freed by that stream alone)."""
-        return sum(self.decoder.abort(rid) for rid in ids if not rid.startswith(SERVE_PREFIX))
+        ids = [rid for rid in ids if not rid.startswith(SERVE_PREFIX)]
+        self.leases.drop(ids)
+        return sum(self.decoder.abort(rid) for rid in ids)
+
+    def reap(self) -> int:
+        """Free the requests no call has named for the lease period (their gateway is gone); returns how many."""
+        gone = [rid for rid in self.leases.expired() if rid in self.decoder.requests]
+        for rid in gone:
+            self.decoder.abort(rid)
+        return len(gone)
+
+    def _done(self, results: list[Result]) -> list[Result]:
+        """Finished requests hold nothing: their leases go."""
+        self.leases.drop(r.request_id for r in results if isinstance(r, RequestOutput) and r.finished)
+        return results
 
     def fast_path_exits(self) -> dict[str, int]:
         """Rows of co-located rounds that ran eagerly although the fast path exists, by reason (every exit reason,
