@@ -79,9 +79,9 @@ class Scheduler:
         if r.finished:
             return
         r.finish_reason = FinishReason.ABORT
-        if r in self.waiting:
+        if r in self.waiting:  # maybe parked after it ran: its drafter (and verifier) may hold its state
             self.waiting.remove(r)
-            self._end(r, release=False)
+            self._end(r, release=True)
         elif r.key in self.running:
             del self.running[r.key]
             self._end(r, release=True)
@@ -138,7 +138,7 @@ class Scheduler:
             self.waiting.remove(r)
             self.delivery.fail(r, grpc.StatusCode.DEADLINE_EXCEEDED,
                                "no verifier could take the request before its deadline")
-            self._end(r, release=False)
+            self._end(r, release=True)  # parked after it ran, it may hold state on its drafter
 
     def _park(self, r: GatewayRequest, reason: str) -> None:
         """``r`` waits at the head of the queue, its output so far kept, and is prefilled again later."""
