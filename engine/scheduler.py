@@ -243,7 +243,8 @@ class Scheduler:
 
     def _takes(self, r: Request, item: RoundItem) -> bool:
         fused = self.fast.fused
-        return (len(item.drafts) >= fused.k and (r.params.greedy or item.probs is not None)
+        one_hot = self.drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
+        return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
                 and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
     def _note_exits(self, plan: RoundPlan) -> None:
