@@ -38,7 +38,7 @@ def _decoder(model, draft, k, fused, **kw):
                         fused_rounds=fused, **kw)
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("ngram", 4)])
 @pytest.mark.parametrize("filters", [{}, {"top_k": 40, "top_p": 0.9}])
 def test_captured_sampled_rounds_equal_the_eager_engine(f32, prompts, draft, k, filters):
     params = [SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.8, seed=11, **filters),
