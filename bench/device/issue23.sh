@@ -5,6 +5,7 @@
 # P: where a fused round's time goes as its rows grow: bench.step_profile --round (EAGLE head, n-gram, plain) at
 #    batch 1, 4, 16, 64, greedy and T 0.7, then tandem bench speculative (policy off: --spec-max-batch 64) against
 #    plain at the same batch sizes (HumanEval, 64 prompts).
+# G: the GPU tests of n-gram fused rounds, then the greedy round profiles again (n-gram, EAGLE head, plain).
 # T: the issue's table: tandem bench none,auto,ngram at bs 1, 4, 16, 64, HumanEval and ShareGPT, greedy and T 0.7,
 #    64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same call).
 source "$(dirname "$0")/env.sh"
@@ -24,6 +25,14 @@ case "${PART:-P}" in
       --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --spec-max-batch 64 \
       --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-forced.log" 2>&1
     tail -30 "$OUT/$name-forced.md" 2>/dev/null || tail -20 "$OUT/$name-forced.log"; echo "bench done at $SECONDS s" ;;
+  G)
+    timeout 400 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py -k "ngram" \
+      > "$OUT/gpu-tests.log" 2>&1; tail -3 "$OUT/gpu-tests.log"
+    for d in ngram auto none; do
+      timeout 100 python3 -m bench.step_profile --round $d --batch 1,4,16,64 --iters 100 --top 10 \
+        --out "$OUT/profile-$d-0.json" > "$OUT/profile-$d-0.log" 2>&1
+      grep -E '^round' "$OUT/profile-$d-0.log" || tail -5 "$OUT/profile-$d-0.log"
+    done ;;
   T)
     for tree in . ${BASE:-}; do
       tag=$([ "$tree" = . ] && echo "$name" || echo "$name-base")
