@@ -6,8 +6,9 @@
 #    batch 1, 4, 16, 64, greedy and T 0.7, then tandem bench speculative (policy off: --spec-max-batch 64) against
 #    plain at the same batch sizes (HumanEval, 64 prompts).
 # G: the GPU tests of n-gram fused rounds, then the greedy round profiles again (n-gram, EAGLE head, plain).
-# T: the issue's table: tandem bench none,auto,ngram at bs 1, 4, 16, 64, HumanEval and ShareGPT, greedy and T 0.7,
-#    64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same call).
+# T: the issue's table, one dataset a call (DATASET=humaneval or sharegpt): tandem bench none,auto,ngram at bs 1, 4,
+#    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
+#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -34,12 +35,13 @@ case "${PART:-P}" in
       grep -E '^round' "$OUT/profile-$d-0.log" || tail -5 "$OUT/profile-$d-0.log"
     done ;;
   T)
+    ds=${DATASET:-humaneval}
     for tree in . ${BASE:-}; do
-      tag=$([ "$tree" = . ] && echo "$name" || echo "$name-base")
-      (cd "$tree" && timeout 280 python3 -m cli.main bench --name "$tag" --num-prompts 64 --batch-sizes 1,4,16,64 \
-        --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --attention torch --device cuda \
-        --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
-      grep -E '^\|' "$OUT/$tag.md" | head -60 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+      tag=$([ "$tree" = . ] && echo "$name-$ds" || echo "$name-$ds-base")
+      (cd "$tree" && timeout 290 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
+        --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-P}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

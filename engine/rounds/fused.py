@@ -324,6 +324,24 @@ class FusedRounds:
         self._graphs[(rows, ctx, mode)] = g
         return g
 
+    def replay_ms(self, iters: int = 20) -> dict[int, float]:
+        """GPU time of one replay of each captured rows bucket (the first context bucket; greedy, else sampled), by
+        CUDA events, before any request ran: every row is padding then (its block table the scratch block), so a
+        replay writes nothing but scratch. The cost policy's figures (engine/policy.py); {} where none is captured."""
+        times = {}
+        for (rows, ctx, mode), g in sorted(self._graphs.items(), key=lambda item: -item[0][2]):  # greedy last: wins
+            if g.graph is None or ctx != self.context_buckets[0]:
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            g.graph.replay()
+            start.record()
+            for _ in range(iters):
+                g.graph.replay()
+            end.record()
+            end.synchronize()
+            times[rows] = start.elapsed_time(end) / iters
+        return times
+
     @property
     def num_captured(self) -> int:
         return sum(g.graph is not None for g in self._graphs.values())

@@ -1,0 +1,85 @@
+"""Whether a round speculates: by what a round costs at this batch size and what its requests accept.
+
+A fused round costs about the same whatever each row's ``num_draft`` (the graph verifies k + 1 positions a row
+either way), so the choice that changes the cost is per round: the speculative graph (every row k drafts) or the
+plain one (k 0). The rule, per round of B rows:
+
+    speculate  iff  tau * (plain(B) + host(B))  >=  margin * (spec(B) + host(B))
+
+- ``spec(B)``, ``plain(B)``: the GPU time of one replay of each graph's rows bucket, timed right after it was
+  captured (``FusedRounds.replay_ms``);
+- ``host(B)``: the host's share of a round of that bucket, learned from the rounds the engine runs (an EWMA of the
+  round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does not hide);
+- ``tau``: tokens a row is expected to commit per speculative round: each running request's own acceptance once
+  it has speculated a few rounds, else the engine's running mean (an EWMA over speculative rounds);
+- ``margin`` (1.05): speculation must promise 5% to be chosen, so a misestimate stays near 1.0x plain.
+
+Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``: speculate
+while at most that many requests run. The chosen k per rows bucket is kept for the metrics (``chosen``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+MARGIN = 1.05       # the promised speedup speculation needs
+PRIOR_TAU = 2.0     # tokens per row per speculative round before any has run
+HOST_EWMA = 0.2     # weight of a new round's host time
+TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row
+MIN_DRAFTED = 3     # rounds' worth of drafts (x k) before a request's own acceptance counts
+
+
+class SpecPolicy:
+    def __init__(self, k: int, buckets: Sequence[int], fallback_max_batch: int) -> None:
+        self.k, self.buckets, self.fallback = k, tuple(buckets), fallback_max_batch
+        self.spec_ms: dict[int, float] = {}   # rows bucket -> GPU ms of a speculative replay
+        self.plain_ms: dict[int, float] = {}  # rows bucket -> GPU ms of a plain replay
+        self.host_ms: dict[int, float] = {}   # rows bucket -> EWMA of the host's share of a round
+        self.tau = PRIOR_TAU
+        self.chosen: dict[int, int] = {}      # rows bucket -> the k chosen for its last round (0: plain)
+        self.last_k = k                       # the k chosen last
+
+    def bucket(self, rows: int) -> int:
+        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+
+    def timed(self, spec_ms: dict[int, float], plain_ms: dict[int, float]) -> None:
+        """The replay times of the captured graphs, by rows bucket."""
+        self.spec_ms.update(spec_ms)
+        self.plain_ms.update(plain_ms)
+
+    def measured(self, rows: int) -> bool:
+        b = self.bucket(rows)
+        return b in self.spec_ms and b in self.plain_ms
+
+    def speculate(self, rows: int, taus: Iterable[float | None]) -> bool:
+        """Whether a round of ``rows`` rows speculates; ``taus``: each request's own acceptance (None: unknown)."""
+        b = self.bucket(rows)
+        if not self.measured(rows):
+            yes = rows <= self.fallback
+        else:
+            known = [t if t is not None else self.tau for t in taus] or [self.tau]
+            tau = sum(known) / len(known)
+            host = self.host_ms.get(b, 0.0)
+            yes = tau * (self.plain_ms[b] + host) >= MARGIN * (self.spec_ms[b] + host)
+        self.chosen[b] = self.last_k = self.k if yes else 0
+        return yes
+
+    def observe(self, speculative: bool, rows: int, round_ms: float) -> None:
+        """A round of ``rows`` rows, all on one graph, took ``round_ms`` end to end on the host."""
+        b = self.bucket(rows)
+        replay = (self.spec_ms if speculative else self.plain_ms).get(b)
+        if replay is None:
+            return  # untimed bucket: the fallback rule decides there, and nothing is learned
+        host = max(0.0, round_ms - replay)
+        old = self.host_ms.get(b)
+        self.host_ms[b] = host if old is None else (1 - HOST_EWMA) * old + HOST_EWMA * host
+
+    def accepted(self, tokens_per_row: float) -> None:
+        """A speculative round's rows committed this many tokens each on average."""
+        self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
+
+    def request_tau(self, accepted: int, drafted: int) -> float | None:
+        """A request's own tokens per speculative round, once it has drafted ``MIN_DRAFTED`` rounds' worth."""
+        if drafted < MIN_DRAFTED * self.k:
+            return None
+        return 1.0 + self.k * accepted / drafted
