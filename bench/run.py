@@ -103,6 +103,16 @@ def _chosen_k(decoder, k: int, batch_size: int) -> int:
     return k if policy is None else policy.chosen.get(policy.bucket(batch_size), k)
 
 
+def _policy(decoder, batch_size: int) -> dict | None:
+    """The batch policy's figures for rounds of this batch size at the end of the run (engine/policy.py)."""
+    policy = decoder.fast.policy
+    if policy is None:
+        return None
+    b = policy.bucket(batch_size)
+    return {"bucket": b, "spec_ms": policy.spec_ms.get(b), "plain_ms": policy.plain_ms.get(b),
+            "host_ms": policy.host_ms.get(b), "tau": round(policy.tau, 3)}
+
+
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
              max_tokens: int, seed: int, request_k: int | None = None) -> dict:
     """All prompts, ``case.batch_size`` at a time, arriving together; EOS ignored. ``request_k``: the k each
@@ -142,7 +152,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
            "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
-            "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size),
+            "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size), "policy": _policy(decoder, case.batch_size),
             "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, and launched ahead but dropped unread (wasted)
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),

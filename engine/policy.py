@@ -10,8 +10,8 @@ plain one (k 0). The rule, per round of B rows:
   captured (``FusedRounds.replay_ms``);
 - ``host(B)``: the host's share of a round of that bucket, learned from the rounds the engine runs (an EWMA of the
   round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does not hide);
-- ``tau``: tokens a row is expected to commit per speculative round: each running request's own acceptance once
-  it has speculated a few rounds, else the engine's running mean (an EWMA over speculative rounds);
+- ``tau``: tokens a row is expected to commit per speculative round: each running request's own acceptance,
+  weighed against the engine's running mean (an EWMA over speculative rounds) as if that were 8 rounds of its own;
 - ``margin`` (1.05): speculation must promise 5% to be chosen, so a misestimate stays near 1.0x plain.
 
 Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``: speculate
@@ -20,13 +20,16 @@ while at most that many requests run. The chosen k per rows bucket is kept for t
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable, Sequence
+
+log = logging.getLogger("tandem.engine")
 
 MARGIN = 1.05       # the promised speedup speculation needs
 PRIOR_TAU = 2.0     # tokens per row per speculative round before any has run
 HOST_EWMA = 0.2     # weight of a new round's host time
 TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row
-MIN_DRAFTED = 3     # rounds' worth of drafts (x k) before a request's own acceptance counts
+PRIOR_ROUNDS = 8    # a request's own acceptance weighs as much as the engine's mean after this many rounds
 
 
 class SpecPolicy:
@@ -54,6 +57,7 @@ class SpecPolicy:
     def speculate(self, rows: int, taus: Iterable[float | None]) -> bool:
         """Whether a round of ``rows`` rows speculates; ``taus``: each request's own acceptance (None: unknown)."""
         b = self.bucket(rows)
+        tau = self.tau
         if not self.measured(rows):
             yes = rows <= self.fallback
         else:
@@ -61,7 +65,12 @@ class SpecPolicy:
             tau = sum(known) / len(known)
             host = self.host_ms.get(b, 0.0)
             yes = tau * (self.plain_ms[b] + host) >= MARGIN * (self.spec_ms[b] + host)
-        self.chosen[b] = self.last_k = self.k if yes else 0
+        k = self.k if yes else 0
+        if self.chosen.get(b) != k:
+            log.debug("batch policy: rounds of %d rows (bucket %d) %s: tau %.2f, spec %s ms, plain %s ms, host %s ms",
+                      rows, b, "speculate" if yes else "decode plainly", tau,
+                      self.spec_ms.get(b), self.plain_ms.get(b), self.host_ms.get(b))
+        self.chosen[b] = self.last_k = k
         return yes
 
     def observe(self, speculative: bool, rows: int, round_ms: float) -> None:
@@ -79,7 +88,11 @@ class SpecPolicy:
         self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
 
     def request_tau(self, accepted: int, drafted: int) -> float | None:
-        """A request's own tokens per speculative round, once it has drafted ``MIN_DRAFTED`` rounds' worth."""
-        if drafted < MIN_DRAFTED * self.k:
+        """A request's expected tokens per speculative round: its own rounds so far (``drafted`` / k of them)
+        weighed against the engine's running mean as ``PRIOR_ROUNDS`` rounds, so that a few unlucky first rounds
+        do not decide (a request the policy demotes decodes plainly to its end). None before it drafted."""
+        if drafted <= 0:
             return None
-        return 1.0 + self.k * accepted / drafted
+        rounds = drafted / self.k
+        own = 1.0 + accepted / rounds
+        return (PRIOR_ROUNDS * self.tau + rounds * own) / (PRIOR_ROUNDS + rounds)

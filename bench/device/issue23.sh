@@ -8,7 +8,8 @@
 # G: the GPU tests of n-gram fused rounds, then the greedy round profiles again (n-gram, EAGLE head, plain).
 # T: the issue's table, one dataset a call (DATASET=humaneval or sharegpt): tandem bench none,auto,ngram at bs 1, 4,
 #    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
-#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`).
+#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`); PIPE=N: and this tree with --pipeline-max-batch N
+#    at bs 16 and 64, greedy.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -42,6 +43,13 @@ case "${PART:-P}" in
         --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --attention torch \
         --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
-    done ;;
+    done
+    if [ -n "${PIPE:-}" ]; then  # rounds launched ahead at every batch size, this tree: greedy, bs 16 and 64
+      tag="$name-$ds-pipe$PIPE"
+      timeout 120 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 --batch-sizes 16,64 \
+        --drafts none,auto,ngram --baselines none --temperatures 0 --pipeline-max-batch "$PIPE" --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    fi ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-P}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

@@ -48,8 +48,9 @@ def test_untimed_sizes_follow_spec_max_batch_and_learn_nothing():
 
 def test_acceptance_estimates():
     p = SpecPolicy(4, BUCKETS, fallback_max_batch=3)
-    assert p.request_tau(accepted=5, drafted=8) is None           # under MIN_DRAFTED rounds' worth
-    assert p.request_tau(accepted=12, drafted=16) == 1.0 + 4 * 12 / 16
+    assert p.request_tau(accepted=0, drafted=0) is None            # not drafted yet: the engine's mean
+    assert p.request_tau(accepted=0, drafted=12) == (8 * PRIOR_TAU + 3 * 1.0) / 11  # 3 unlucky rounds: still 1.73
+    assert abs(p.request_tau(accepted=3 * 400, drafted=4 * 400) - 4.0) < 0.1  # its own, after many rounds
     for _ in range(200):
         p.accepted(3.0)
     assert abs(p.tau - 3.0) < 0.01 and PRIOR_TAU != 3.0 and MARGIN > 1.0
