@@ -4,14 +4,16 @@ A fused round costs about the same whatever each row's ``num_draft`` (the graph 
 either way), so the choice that changes the cost is per round: the speculative graph (every row k drafts) or the
 plain one (k 0). The rule, per round of B rows:
 
-    speculate  iff  tau * (plain(B) + host(B))  >=  margin * (spec(B) + host(B))
+    speculate  iff  tau * (plain(B) + host_plain(B))  >=  margin * (spec(B) + host_spec(B))
 
 - ``spec(B)``, ``plain(B)``: the GPU time of one replay of each graph's rows bucket, timed right after it was
   captured (``FusedRounds.replay_ms``);
-- ``host(B)``: the host's share of a round of that bucket, learned from the rounds the engine runs (an EWMA of the
-  round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does not hide);
-- ``tau``: tokens a row is expected to commit per speculative round: each running request's own acceptance,
-  weighed against the engine's running mean (an EWMA over speculative rounds) as if that were 8 rounds of its own;
+- ``host_*(B)``: the host's share of a round of that bucket, learned for each graph from the rounds the engine runs
+  (an EWMA of the round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does
+  not hide); for a graph not run yet at that size, the other graph's share scaled by their replay times;
+- ``tau``: tokens a row is expected to commit per speculative round: the mean over the running requests of each
+  one's own acceptance weighed against a prior of 2.0 as if that were 2 rounds of its own (a request that has not
+  drafted yet counts 2.0), so every new request speculates a few rounds before its own figure decides;
 - ``margin`` (1.05): speculation must promise 5% to be chosen, so a misestimate stays near 1.0x plain.
 
 Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``: speculate
@@ -26,10 +28,10 @@ from typing import Iterable, Sequence
 log = logging.getLogger("tandem.engine")
 
 MARGIN = 1.05       # the promised speedup speculation needs
-PRIOR_TAU = 2.0     # tokens per row per speculative round before any has run
+PRIOR_TAU = 2.0     # tokens per row per speculative round a request is credited with before its own rounds
 HOST_EWMA = 0.2     # weight of a new round's host time
-TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row
-PRIOR_ROUNDS = 8    # a request's own acceptance weighs as much as the engine's mean after this many rounds
+TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row (the reported running mean)
+PRIOR_ROUNDS = 2    # the prior weighs as much as this many rounds of a request's own
 
 
 class SpecPolicy:
@@ -37,8 +39,8 @@ class SpecPolicy:
         self.k, self.buckets, self.fallback = k, tuple(buckets), fallback_max_batch
         self.spec_ms: dict[int, float] = {}   # rows bucket -> GPU ms of a speculative replay
         self.plain_ms: dict[int, float] = {}  # rows bucket -> GPU ms of a plain replay
-        self.host_ms: dict[int, float] = {}   # rows bucket -> EWMA of the host's share of a round
-        self.tau = PRIOR_TAU
+        self.host_ms: dict[bool, dict[int, float]] = {True: {}, False: {}}  # speculative? -> bucket -> EWMA ms
+        self.tau = PRIOR_TAU                  # the running mean over speculative rounds (reported, not decided on)
         self.chosen: dict[int, int] = {}      # rows bucket -> the k chosen for its last round (0: plain)
         self.last_k = k                       # the k chosen last
 
@@ -61,17 +63,27 @@ class SpecPolicy:
         if not self.measured(rows):
             yes = rows <= self.fallback
         else:
-            known = [t if t is not None else self.tau for t in taus] or [self.tau]
+            known = [PRIOR_TAU if t is None else t for t in taus] or [PRIOR_TAU]
             tau = sum(known) / len(known)
-            host = self.host_ms.get(b, 0.0)
-            yes = tau * (self.plain_ms[b] + host) >= MARGIN * (self.spec_ms[b] + host)
+            yes = tau * (self.plain_ms[b] + self.host(False, b)) >= MARGIN * (self.spec_ms[b] + self.host(True, b))
         k = self.k if yes else 0
         if self.chosen.get(b) != k:
-            log.debug("batch policy: rounds of %d rows (bucket %d) %s: tau %.2f, spec %s ms, plain %s ms, host %s ms",
+            log.debug("batch policy: rounds of %d rows (bucket %d) %s: tau %.2f, spec %s ms, plain %s ms, speculative host %s ms",
                       rows, b, "speculate" if yes else "decode plainly", tau,
-                      self.spec_ms.get(b), self.plain_ms.get(b), self.host_ms.get(b))
+                      self.spec_ms.get(b), self.plain_ms.get(b), self.host_ms[True].get(b))
         self.chosen[b] = self.last_k = k
         return yes
+
+    def host(self, speculative: bool, b: int) -> float:
+        """The host's share of a round of bucket ``b`` on that graph (learned; else the other's, scaled; else 0)."""
+        own = self.host_ms[speculative].get(b)
+        if own is not None:
+            return own
+        other = self.host_ms[not speculative].get(b)
+        if other is None:
+            return 0.0
+        mine, theirs = (self.spec_ms, self.plain_ms) if speculative else (self.plain_ms, self.spec_ms)
+        return other * mine[b] / theirs[b]
 
     def observe(self, speculative: bool, rows: int, round_ms: float) -> None:
         """A round of ``rows`` rows, all on one graph, took ``round_ms`` end to end on the host."""
@@ -80,8 +92,9 @@ class SpecPolicy:
         if replay is None:
             return  # untimed bucket: the fallback rule decides there, and nothing is learned
         host = max(0.0, round_ms - replay)
-        old = self.host_ms.get(b)
-        self.host_ms[b] = host if old is None else (1 - HOST_EWMA) * old + HOST_EWMA * host
+        learned = self.host_ms[speculative]
+        old = learned.get(b)
+        learned[b] = host if old is None else (1 - HOST_EWMA) * old + HOST_EWMA * host
 
     def accepted(self, tokens_per_row: float) -> None:
         """A speculative round's rows committed this many tokens each on average."""
@@ -89,10 +102,9 @@ class SpecPolicy:
 
     def request_tau(self, accepted: int, drafted: int) -> float | None:
         """A request's expected tokens per speculative round: its own rounds so far (``drafted`` / k of them)
-        weighed against the engine's running mean as ``PRIOR_ROUNDS`` rounds, so that a few unlucky first rounds
-        do not decide (a request the policy demotes decodes plainly to its end). None before it drafted."""
+        weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds. None before it drafted (the prior then)."""
         if drafted <= 0:
             return None
         rounds = drafted / self.k
         own = 1.0 + accepted / rounds
-        return (PRIOR_ROUNDS * self.tau + rounds * own) / (PRIOR_ROUNDS + rounds)
+        return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)

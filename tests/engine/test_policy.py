@@ -33,27 +33,36 @@ def test_speculate_where_the_expected_tokens_beat_the_cost():
 def test_host_time_learned_from_rounds_narrows_the_gap():
     p = _timed()
     assert not p.speculate(16, [2.0] * 16)
-    for _ in range(50):  # rounds of 16 rows take 3 ms on the host beside the GPU's 1.0 (plain)
+    for _ in range(50):  # rounds of 16 rows take 3 ms on the host beside the GPU's time, on either graph
         p.observe(False, 16, 4.0)
-    assert abs(p.host_ms[16] - 3.0) < 1e-6
+        p.observe(True, 16, 4.95)
+    assert abs(p.host_ms[False][16] - 3.0) < 1e-6 and abs(p.host(True, 16) - 3.0) < 1e-6
     assert p.speculate(16, [2.0] * 16)  # 2.0 * 4.0 >= 1.05 * 4.95
+
+
+def test_a_graph_not_run_yet_takes_the_others_host_share_scaled():
+    p = _timed()
+    p.observe(True, 16, 1.95 + 3.9)  # 3.9 ms of host beside the speculative graph's 1.95 ms
+    assert abs(p.host(False, 16) - 2.0) < 1e-6  # scaled by the plain graph's 1.0 ms
+    assert p.host(True, 4) == p.host(False, 4) == 0.0  # nothing learned at 4 rows
 
 
 def test_untimed_sizes_follow_spec_max_batch_and_learn_nothing():
     p = SpecPolicy(4, BUCKETS, fallback_max_batch=3)
     assert p.speculate(3, [None] * 3) and not p.speculate(4, [None] * 4)
     p.observe(True, 2, 5.0)
-    assert p.host_ms == {}
+    assert p.host_ms == {True: {}, False: {}}
 
 
 def test_acceptance_estimates():
     p = SpecPolicy(4, BUCKETS, fallback_max_batch=3)
-    assert p.request_tau(accepted=0, drafted=0) is None            # not drafted yet: the engine's mean
-    assert p.request_tau(accepted=0, drafted=12) == (8 * PRIOR_TAU + 3 * 1.0) / 11  # 3 unlucky rounds: still 1.73
-    assert abs(p.request_tau(accepted=3 * 400, drafted=4 * 400) - 4.0) < 0.1  # its own, after many rounds
+    assert p.request_tau(accepted=0, drafted=0) is None            # not drafted yet: the prior
+    assert p.request_tau(accepted=0, drafted=12) == (2 * PRIOR_TAU + 3 * 1.0) / 5  # 3 unlucky rounds: still 1.4
+    assert p.request_tau(accepted=0, drafted=4 * 40) < 1.05         # 40 rounds of nothing accepted
+    assert abs(p.request_tau(accepted=3 * 400, drafted=4 * 400) - 4.0) < 0.01  # its own, after many rounds
     for _ in range(200):
         p.accepted(3.0)
-    assert abs(p.tau - 3.0) < 0.01 and PRIOR_TAU != 3.0 and MARGIN > 1.0
+    assert abs(p.tau - 3.0) < 0.01 and MARGIN > 1.0
 
 
 def test_the_decoder_demotes_when_the_policy_says_plain_and_decodes_the_same(smollm):

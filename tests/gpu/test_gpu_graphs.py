@@ -83,14 +83,14 @@ def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
 
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("ngram", 4)])
 def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
-    """With graphs the next fused round is launched before the host reads this one (``pipeline_max_batch``, 8 by
+    """With graphs the next fused round is launched before the host reads this one (``pipeline_max_batch``, 64 by
     default), its inputs chained on the GPU, its output copied to pinned memory. Rows leave at different rounds
     (max_tokens, EOS), rounds launched ahead are used and dropped, then one request runs alone: greedy output
     equals plain decoding, and pipelining off decodes the same."""
     params = [SamplingParams(max_tokens=16 + 9 * i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
     plain = _decoder(f32, "none", 0, False).generate(prompts, params)
     dec = _decoder(f32, draft, k, True, fused=True)
-    assert dec.fused.pipeline_rows == 8
+    assert dec.fused.pipeline_rows == 64
     got = dec.generate(prompts, params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     alone = dec.generate(prompts[1:2], params[-1])
