@@ -10,10 +10,11 @@ plain one (k 0). The rule, per round of B rows:
   captured (``FusedRounds.replay_ms``);
 - ``host_*(B)``: the host's share of a round of that bucket, learned for each graph from the rounds the engine runs
   (an EWMA of the round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does
-  not hide); for a graph not run yet at that size, the other graph's share scaled by their replay times;
+  not hide; rounds where a request entered the graph, its drafter's first drafts made eagerly, are not counted);
+  for a graph not run yet at that size, the other graph's share scaled by their replay times;
 - ``tau``: tokens a row is expected to commit per speculative round: the mean over the running requests of each
-  one's own acceptance weighed against a prior of 2.0 as if that were 2 rounds of its own (a request that has not
-  drafted yet counts 2.0), so every new request speculates a few rounds before its own figure decides;
+  one's own acceptance once it has speculated 16 rounds (weighed against a prior of 2.0 as if that were 2 rounds of
+  its own), 2.0 before: every new request speculates until its own figure can decide;
 - ``margin`` (1.05): speculation must promise 5% to be chosen, so a misestimate stays near 1.0x plain.
 
 Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``: speculate
@@ -32,6 +33,7 @@ PRIOR_TAU = 2.0     # tokens per row per speculative round a request is credited
 HOST_EWMA = 0.2     # weight of a new round's host time
 TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row (the reported running mean)
 PRIOR_ROUNDS = 2    # the prior weighs as much as this many rounds of a request's own
+MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptance counts
 
 
 class SpecPolicy:
@@ -101,10 +103,11 @@ class SpecPolicy:
         self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
 
     def request_tau(self, accepted: int, drafted: int) -> float | None:
-        """A request's expected tokens per speculative round: its own rounds so far (``drafted`` / k of them)
-        weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds. None before it drafted (the prior then)."""
-        if drafted <= 0:
-            return None
+        """A request's expected tokens per speculative round: None (the prior) until it has drafted ``MIN_ROUNDS``
+        rounds' worth (a request's first rounds after its prompt often accept little: they must not demote it for
+        good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds."""
         rounds = drafted / self.k
+        if rounds < MIN_ROUNDS:
+            return None
         own = 1.0 + accepted / rounds
         return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)

@@ -28,7 +28,7 @@ from typing import Sequence
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
 from engine.request import FinishReason, Request, RequestOutput
-from engine.rounds.base import RoundItem, RoundPlan, RoutedRow, RowResult
+from engine.rounds.base import Reason, RoundItem, RoundPlan, RoutedRow, RowResult
 from engine.rounds.eager import EagerRound
 from engine.rounds.fast_path import FastPath
 from engine.rounds.fused import FusedRounds
@@ -171,7 +171,8 @@ class SpecDecoder:
             eager = _requests(plan.eager)
             outputs += self._commit(eager, self.eager.run(eager, [row.item for row in plan.eager],
                                                           self.feature_layers))
-        if self.fast.policy is not None and not plan.eager and bool(plan.fused) != bool(plan.fused_plain):
+        if (self.fast.policy is not None and not plan.eager and bool(plan.fused) != bool(plan.fused_plain)
+                and all(row.reason is not Reason.ENTERED for row in plan.fused)):  # steady rounds only
             self._observe(plan, outputs, time.perf_counter() - start)
         by_id = {o.request_id: o for o in outputs}
         return [by_id[r.request_id] for r in reqs if r.request_id in by_id]

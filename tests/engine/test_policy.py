@@ -57,7 +57,8 @@ def test_untimed_sizes_follow_spec_max_batch_and_learn_nothing():
 def test_acceptance_estimates():
     p = SpecPolicy(4, BUCKETS, fallback_max_batch=3)
     assert p.request_tau(accepted=0, drafted=0) is None            # not drafted yet: the prior
-    assert p.request_tau(accepted=0, drafted=12) == (2 * PRIOR_TAU + 3 * 1.0) / 5  # 3 unlucky rounds: still 1.4
+    assert p.request_tau(accepted=0, drafted=4 * 15) is None       # 15 unlucky first rounds do not count yet
+    assert p.request_tau(accepted=0, drafted=4 * 16) == (2 * PRIOR_TAU + 16 * 1.0) / 18
     assert p.request_tau(accepted=0, drafted=4 * 40) < 1.05         # 40 rounds of nothing accepted
     assert abs(p.request_tau(accepted=3 * 400, drafted=4 * 400) - 4.0) < 0.01  # its own, after many rounds
     for _ in range(200):
