@@ -11,8 +11,7 @@ plain one (k 0). The rule, per round of B rows:
 - ``host_*(B)``: the host's share of a round of that bucket, learned for each graph from the rounds the engine runs
   (an EWMA of the round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does
   not hide; rounds where a request entered the graph, its drafter's first drafts made eagerly, are not counted);
-  before plain rounds of a size ran, the plain graph's is taken as 0 (the rule leans to plain, the safe side) and
-  before speculative ones ran, the speculative graph's is the plain one's scaled by their replay times;
+  a graph not run yet at that size takes the other's share;
 - ``tau``: tokens a row is expected to commit per speculative round: the mean over the running requests of each
   one's own acceptance once it has speculated 16 rounds (weighed against a prior of 2.0 as if that were 2 rounds of
   its own), 2.0 before: every new request speculates until its own figure can decide;
@@ -78,14 +77,10 @@ class SpecPolicy:
         return yes
 
     def host(self, speculative: bool, b: int) -> float:
-        """The host's share of a round of bucket ``b`` on that graph: learned, else 0 for the plain graph (until
-        plain rounds of this size ran, plain decoding is assumed to hide its host work: the rule then leans to
-        plain, the safe side) and the plain graph's share scaled by the replay times for the speculative one."""
+        """The host's share of a round of bucket ``b`` on that graph: learned, else the other graph's (rounds launched
+        ahead hide about as much of either), else 0."""
         own = self.host_ms[speculative].get(b)
-        if own is not None or not speculative:
-            return own or 0.0
-        plain = self.host_ms[False].get(b)
-        return 0.0 if plain is None else plain * self.spec_ms[b] / self.plain_ms[b]
+        return own if own is not None else self.host_ms[not speculative].get(b, 0.0)
 
     def observe(self, speculative: bool, rows: int, round_ms: float) -> None:
         """A round of ``rows`` rows, all on one graph, took ``round_ms`` end to end on the host."""
