@@ -159,7 +159,7 @@ async def reap_forever(name: str, reap: Callable[[], Awaitable[int]], lease_s: f
 
 
 async def serve_engine_service(name: str, service: Service, port: int, settings, warm_up: Callable[[], Awaitable[None]],
-                               stats: Callable[[], dict[str, int]], identity: Identity | None = None) -> None:
+                               stats: Callable[[], dict[str, int]], identity: Identity | None) -> None:
     """The verifier's and drafter's life: serve ``service`` with engine gauges until a signal, then flush traces.
 
     ``settings`` is a ServerSettings (host, metrics_port, max_message_bytes, grace_s, health_port); ``identity``
