@@ -39,7 +39,10 @@ class GatewaySettings(ServerSettings, DraftLengthSettings):
     api_keys_file: str | None = Field(None, description="clients must send 'authorization: Bearer KEY' with a key "
                                       "of this file: one per line, optionally followed by the most calls it may have "
                                       "in flight at once (rpc/auth.py); health stays open. None: anyone who reaches "
-                                      "the gateway, allowed on a loopback host or with insecure")
+                                      "the gateway, allowed on a loopback host, with api_open or with insecure")
+    api_open: bool = Field(False, description="serve clients without API keys beyond loopback too (behind a proxy "
+                           "that authenticates them, or on a network you trust), the services still speaking mutual "
+                           "TLS; off: without api_keys_file the gateway listens on loopback only")
     api_tls_cert_file: str | None = Field(None, description="client-facing TLS: the gateway's server certificate, PEM "
                                           "(clients need no certificate); none: plaintext")
     api_tls_key_file: str | None = Field(None, description="the private key of api_tls_cert_file, PEM")

@@ -13,7 +13,7 @@ are compared by their SHA-256 digests, never echoed. ``grpc.health.v1.Health`` s
 Kubernetes probes carry no key); reflection needs a key like every other method.
 
 Without a keys file the gateway serves whoever reaches it, which ``check_open`` allows only where that is this
-machine alone (a loopback address) or ``insecure`` says so.
+machine alone (a loopback address) or ``api_open`` (or ``insecure``, plaintext everywhere) says so.
 """
 
 from __future__ import annotations
@@ -104,13 +104,13 @@ class ApiKeys:
 
 def check_open(settings) -> ApiKeys | None:
     """The gateway's keys (``api_keys_file``), or None where it may serve anyone: a ValueError where it would
-    serve anyone beyond this machine without ``insecure`` saying so."""
+    serve anyone beyond this machine without ``api_open`` (or ``insecure``) saying so."""
     if settings.api_keys_file:
         return ApiKeys.load(settings.api_keys_file)
-    if not settings.insecure and not is_loopback(settings.host):
+    if not (settings.api_open or settings.insecure or is_loopback(settings.host)):
         raise ValueError(f"api_keys_file: not set, and the gateway would listen on {settings.host}, beyond this "
                          "machine: clients must authenticate. Give a keys file (one API key per line; clients send "
-                         "'authorization: Bearer <key>'), listen on a loopback host (127.0.0.1), or set insecure to "
+                         "'authorization: Bearer <key>'), listen on a loopback host (127.0.0.1), or set api_open to "
                          "serve anyone who reaches it")
     return None
 

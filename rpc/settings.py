@@ -46,8 +46,8 @@ class ServerSettings(TandemSettings):
                                     "verifier and drafter accept only clients whose certificate it signed, the gateway "
                                     "only verifiers and drafters it signed")
     insecure: bool = Field(False, description="plaintext gRPC with no authentication between the services (and a "
-                           "gateway without api_keys_file may listen beyond loopback); off: a service without the "
-                           "three tls_* files refuses to start")
+                           "gateway without api_keys_file may listen beyond loopback, as with api_open); off: a "
+                           "service without the three tls_* files refuses to start")
     health_port: OptionalInt = Field(None, ge=0, le=65535, description="a plaintext port serving grpc.health.v1 "
                                      "alone, for probes that cannot speak TLS (Kubernetes' native gRPC probes); "
                                      "none: off")

@@ -62,9 +62,10 @@ def test_keys_file_from_disk(tmp_path):
         check_open(load(GatewaySettings, api_keys_file=str(tmp_path / "missing")))
 
 
-def test_a_gateway_without_keys_serves_this_machine_alone_unless_insecure():
+def test_a_gateway_without_keys_serves_this_machine_alone_unless_told_otherwise():
     assert check_open(load(GatewaySettings, host="127.0.0.1")) is None
     with pytest.raises(ValueError, match=r"^api_keys_file: not set, and the gateway would listen on 0.0.0.0, beyond "
-                                         r"this machine: clients must authenticate.*or set insecure"):
+                                         r"this machine: clients must authenticate.*or set api_open"):
         check_open(load(GatewaySettings))  # the default host: every interface
-    assert check_open(load(GatewaySettings, insecure=True)) is None
+    assert check_open(load(GatewaySettings, api_open=True)) is None  # the services keep their mutual TLS
+    assert check_open(load(GatewaySettings, insecure=True)) is None  # plaintext and open everywhere
