@@ -28,12 +28,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rpc.gateway_client import GatewayAccess
 from rpc.lifetime import LIFELINE_FD
-from rpc.local_credentials import LocalCredentials
-from rpc.tls import is_loopback
+
+if TYPE_CHECKING:
+    from rpc.local_credentials import LocalCredentials
 
 # where the verifiers and drafters of a stack listen, whatever the gateway's host
 INTERNAL_HOST = "127.0.0.1"
@@ -172,6 +173,9 @@ class Stack:
 
     def make_credentials(self) -> LocalCredentials | None:
         """The stack's credentials, made the first time (``stop`` removes them); None where ``insecure``."""
+        from rpc.local_credentials import LocalCredentials  # cryptography: only once a stack runs
+        from rpc.tls import is_loopback
+
         c = self.cfg
         if not c.insecure and self.credentials is None:
             self.credentials = LocalCredentials.make(api_key=not c.api_keys_file and not is_loopback(c.host))
