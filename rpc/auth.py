@@ -81,6 +81,15 @@ class ApiKeys:
     def load(cls, path: str) -> ApiKeys:
         return cls.parse(read_file("api_keys_file", path).decode(errors="replace"), f"api_keys_file {path}")
 
+    @staticmethod
+    def first(path: str) -> str | None:
+        """The first key of a keys file (what a stack's own calls to its gateway use), None if it has none."""
+        for raw in read_file("api_keys_file", path).decode(errors="replace").splitlines():
+            line = raw.split("#", 1)[0].split()
+            if line:
+                return line[0]
+        return None
+
     def __len__(self) -> int:
         return len(self.keys)
 

@@ -155,9 +155,14 @@ class Stack:
 
     @property
     def gateway(self) -> GatewayAccess:
-        """How this machine reaches the stack's gateway: its address, TLS and the key the stack made (a keys file
-        of the caller's own holds keys the stack does not know: pass one with ``GatewayAccess``)."""
+        """How this machine reaches the stack's gateway: its address, TLS, and the key the stack made or else the
+        first of its keys file (the stack's own calls: the demo, the benches)."""
         c = self.cfg
+        key = self.api_key
+        if key is None and c.api_keys_file:
+            from rpc.auth import ApiKeys
+
+            key = ApiKeys.first(c.api_keys_file)
         tls = c.api_tls_cert_file is not None
         server_name = None
         if tls:
@@ -165,7 +170,7 @@ class Stack:
 
             server_name = next(iter(certificate_names(Path(c.api_tls_cert_file).read_bytes())), None)
         ca_file = (c.api_tls_ca_file or c.api_tls_cert_file) if tls else None
-        return GatewayAccess(self.gateway_address, self.api_key, tls, ca_file, server_name)
+        return GatewayAccess(self.gateway_address, key, tls, ca_file, server_name)
 
     def names(self) -> list[str]:
         """The stack's processes: verifiers, drafters (split mode), the gateway."""

@@ -57,10 +57,11 @@ def test_a_gateway_beyond_loopback_gets_a_key_of_its_own():
 
 def test_a_keys_file_given_is_used_and_insecure_makes_nothing(tmp_path):
     keys = tmp_path / "keys"
-    keys.write_text("k" * 20 + "\n")
+    keys.write_text("# ours\n" + "k" * 20 + " 2\n" + "j" * 20 + "\n")
     stack = Stack(StackConfig(port=40000, host="0.0.0.0", api_keys_file=str(keys)))
     try:
         assert _flags(stack.commands()["gateway"])["api-keys-file"] == str(keys) and stack.api_key is None
+        assert stack.gateway.api_key == "k" * 20  # the stack's own calls use the file's first key
     finally:
         stack.stop()
     stack = Stack(StackConfig(port=40000, insecure=True))
