@@ -21,7 +21,7 @@ from rpc.auth import ApiKeyInterceptor, check_open
 from rpc.metrics import serve_metrics
 from rpc.server import Server, Service, run, run_until_signal
 from rpc.telemetry import setup_tracing, shutdown_tracing
-from rpc.tls import Identity, api_server_credentials, describe, internal_identity
+from rpc.tls import Identity, api_server_credentials, describe, internal_identity, is_loopback
 
 log = logging.getLogger("tandem.gateway")
 
@@ -73,6 +73,9 @@ async def serve(settings: GatewaySettings) -> None:
     log.info("gateway: clients %s over %s; verifiers and drafters: %s",
              f"need one of {len(api_keys)} API keys" if api_keys is not None else "need no API key",
              "TLS" if api_credentials is not None else "plaintext", describe(identity))
+    if api_keys is not None and api_credentials is None and not is_loopback(settings.host):
+        log.warning("gateway: API keys over plaintext on %s: anyone on the path can read them; give "
+                    "api_tls_cert_file and api_tls_key_file (or terminate TLS in front of the gateway)", settings.host)
 
     async def ready() -> None:
         await verifiers.wait_up("a verifier")  # SERVING only once some verifier is
