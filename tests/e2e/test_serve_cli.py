@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,11 +113,13 @@ def test_services_die_with_a_killed_serve_and_free_their_ports():
 
     port = free_block(3)
     serve = _serve(port)
+    said = []
     try:
         pids = _pids(serve.stdout.readline())
         assert len(pids) == 3
         deadline = time.monotonic() + 300
-        while "ready at" not in serve.stdout.readline():
+        while "ready at" not in (said[-1] if said else ""):
+            said.append(serve.stdout.readline())
             assert serve.poll() is None and time.monotonic() < deadline, "tandem serve did not become ready"
         serve.kill()  # SIGKILL: no handler runs in tandem serve
         serve.wait()
@@ -125,6 +128,10 @@ def test_services_die_with_a_killed_serve_and_free_their_ports():
     finally:
         if serve.poll() is None:
             serve.kill()
+        # a killed serve cannot remove its throwaway credentials (a private 0700 directory): the test does
+        credentials = "".join(said).split("credentials of this run in ")
+        if len(credentials) > 1:
+            shutil.rmtree(credentials[1].split(" ")[0], ignore_errors=True)
 
 
 def test_sigterm_while_serve_starts_stops_everything():
