@@ -23,6 +23,7 @@ import torch
 from bench.timing import PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import DraftSpec, build_drafter
+from engine.rounds.graph_sampling import Mode
 from engine.models.loader import LoadedModel
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
@@ -96,6 +97,22 @@ def round_split(timer: PhaseTimer) -> dict:
             "fused_ms": round(fused, 3), "host_ms": round(total - verify - draft - fused, 3)}
 
 
+def _chosen_k(decoder, k: int, batch_size: int) -> int:
+    """The k the batch policy chose for rounds of this batch size (engine/policy.py), the last time it ran one."""
+    policy = decoder.fast.policy
+    return k if policy is None else policy.chosen.get(policy.bucket(batch_size), k)
+
+
+def _policy(decoder, batch_size: int) -> dict | None:
+    """The batch policy's figures for rounds of this batch size at the end of the run (engine/policy.py)."""
+    policy = decoder.fast.policy
+    if policy is None:
+        return None
+    b = policy.bucket(batch_size)
+    return {"bucket": b, "spec_ms": policy.spec_ms.get(b), "plain_ms": policy.plain_ms.get(b),
+            "host_ms": policy.host_ms.get(b), "tau": round(policy.tau, 3)}
+
+
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
              max_tokens: int, seed: int, request_k: int | None = None) -> dict:
     """All prompts, ``case.batch_size`` at a time, arriving together; EOS ignored. ``request_k``: the k each
@@ -108,6 +125,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     # warm-up: kernels compiled and the graphs of a full batch (and of every prompt length) captured before the
     # clock starts
     decoder.capture_prefills()
+    # as a server does: the round graphs of every size this case runs captured (and timed, for the batch policy)
+    decoder.capture_rounds(case.batch_size, [Mode.GREEDY if case.temperature == 0 else Mode.SAMPLED])
     first = [list(p) for p in prompts[: case.batch_size]]
     decoder.generate(first, [dataclasses.replace(sp, max_tokens=8) for sp in params[: len(first)]])
     timer.marks.clear()
@@ -133,6 +152,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
            "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
+            "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size), "policy": _policy(decoder, case.batch_size),
             "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, and launched ahead but dropped unread (wasted)
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
@@ -160,7 +180,7 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ["engine", "dataset", "batch_size", "temperature", "k", "tokens_per_s", "acceptance_length",
+    cols = ["engine", "dataset", "batch_size", "temperature", "k", "chosen_k", "tokens_per_s", "acceptance_length",
             "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms", "draft_ms",
             "fused_ms", "host_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

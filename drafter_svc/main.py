@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from drafter_svc.service import DrafterEngine, DraftItem
@@ -36,7 +37,7 @@ def build(settings: DrafterSettings, config: EngineConfig) -> DrafterEngine:
     layers = _TARGET_LAYERS.get(spec.kind)
     target = load_model(path, device=config.device, dtype=config.torch_dtype,
                         max_layers=layers(spec) if layers else None, load_weights=layers is not None)
-    drafter = build_drafter(spec, target, config)
+    drafter = build_drafter(spec, target, dataclasses.replace(config, fused_rounds=False))  # it runs no rounds
     return DrafterEngine(drafter, target.config.vocab_size, config.max_k, settings.lease_s)
 
 

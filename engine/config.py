@@ -132,7 +132,7 @@ class EngineConfig:
     # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
     spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 3
     # while at most this many requests run a fused round, the next round is launched before this one is read, its
-    # inputs chained on the device (engine/rounds/ahead.py: the host's work overlaps the GPU's); 0: never; None: 8
+    # inputs chained on the device (engine/rounds/ahead.py: the host's work overlaps the GPU's); 0: never; None: 64
     # where rounds are captured (cuda), 0 where they run eagerly
     pipeline_max_batch: int | None = None
 
@@ -177,7 +177,7 @@ class EngineConfig:
         """Fused rounds of at most this many rows launch the next round ahead (0: none)."""
         if self.pipeline_max_batch is not None:
             return self.pipeline_max_batch
-        return 8 if self.use_fused_rounds and self.device.startswith("cuda") else 0
+        return 64 if self.use_fused_rounds and self.device.startswith("cuda") else 0
 
     @property
     def attention_backend(self) -> str:

@@ -92,6 +92,8 @@ class Request:
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str]:
         """Append a round's committed tokens, applying the stop rules -> (tokens kept, text delta)."""
+        if not self.params.stop:
+            return self._commit_tokens(tokens)
         stops = self.params.stop
         hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
         kept: list[int] = []
@@ -122,6 +124,27 @@ class Request:
         else:
             visible = self.decoder.text[: len(self.decoder.text) - hold] if hold else self.decoder.text
         delta = visible[len(self.text):] if len(visible) > len(self.text) else ""
+        self.text += delta
+        return kept, delta
+
+    def _commit_tokens(self, tokens: list[int]) -> tuple[list[int], str]:
+        """``commit`` without stop strings: the token rules (EOS, room) token by token, then the round's kept
+        tokens detokenized at once (the text is the same; a round costs one decode, not one per token)."""
+        room, eos = self.room(), () if self.params.ignore_eos else self.eos_token_ids
+        n = len(tokens)
+        for i, tok in enumerate(tokens):
+            if tok in eos:
+                n, self.finish_reason = i + 1, FinishReason.STOP
+                break
+            if i + 1 >= room:
+                n, self.finish_reason = i + 1, FinishReason.LENGTH
+                break
+        kept = list(tokens[:n])
+        self.token_ids.extend(kept)
+        self.decoder.push(kept)
+        if self.finished:
+            self.decoder.flush()
+        delta = self.decoder.text[len(self.text):]
         self.text += delta
         return kept, delta
 

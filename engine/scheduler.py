@@ -3,8 +3,8 @@
 It owns the requests' lifecycle bookkeeping: the waiting queue, the running requests (in arrival order)
 and the KV blocks reserved for each (a request is admitted only when its worst case fits), new requests'
 validation, the round-token budget (``plan_round``: running streams first, prompts chunked into what is
-left), the batch policy (``spec_max_batch``: while more requests run, every running one is *demoted* to
-plain decoding to its end) and the routing of a round's rows to the executors (``route``, then ``settle``
+left), the batch policy (by cost, engine/policy.py, else ``spec_max_batch``: when a round should not speculate,
+every running request is *demoted* to plain decoding to its end) and the routing of a round's rows to the executors (``route``, then ``settle``
 once the drafter's drafts are in), each row with its ``Reason``. It counts the *exits* (a decoding request
 running eagerly although the decoder has a fast path) by reason in ``fast_path_exits`` and logs each
 request's first exit of each reason at DEBUG (logger ``tandem.engine``).
@@ -171,9 +171,17 @@ class Scheduler:
         return run, ks, chunks
 
     def apply_batch_policy(self) -> list[str]:
-        """With spec_max_batch: once more than that many run, every running request decodes plainly to its end.
-        Returns the requests demoted now (their drafter state is to be released)."""
-        if self.fast.fused_plain is None or len(self.requests) <= self.config.spec_max_batch:
+        """With a batch policy: when a round of this many requests should not speculate (the cost rule,
+        engine/policy.py; where the sizes were not timed, more than ``spec_max_batch`` run), every running request
+        decodes plainly to its end. Returns the requests demoted now (their drafter state is to be released)."""
+        policy, n = self.fast.policy, len(self.requests)
+        if self.fast.fused_plain is None or not n:
+            return []
+        if policy is None:
+            if n <= self.config.spec_max_batch:
+                return []
+        elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
+                                  if rid not in self.demoted]):
             return []
         demoted = [rid for rid in self.requests if rid not in self.demoted]
         self.demoted.update(demoted)
@@ -243,7 +251,8 @@ class Scheduler:
 
     def _takes(self, r: Request, item: RoundItem) -> bool:
         fused = self.fast.fused
-        return (len(item.drafts) >= fused.k and (r.params.greedy or item.probs is not None)
+        one_hot = self.drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
+        return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
                 and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
     def _note_exits(self, plan: RoundPlan) -> None:

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from typing import Sequence
 
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
 from engine.request import FinishReason, Request, RequestOutput
-from engine.rounds.base import RoundItem, RoutedRow, RowResult
+from engine.rounds.base import Reason, RoundItem, RoundPlan, RoutedRow, RowResult
 from engine.rounds.eager import EagerRound
 from engine.rounds.fast_path import FastPath
 from engine.rounds.fused import FusedRounds
+from engine.rounds.graph_sampling import Mode
 from engine.runner import ModelRunner
 from engine.scheduler import CapacityError, Scheduler
 from engine.tokenizer import Tokenizer
@@ -154,6 +156,7 @@ class SpecDecoder:
         in an eager round beside it. ``ks``: each request's k (None: its own), capped by ``draft_len``;
         ``chunks``: prefill chunks as from ``plan_round`` (None: run whole). Returns the outputs in the order
         of ``reqs`` (partial prefills have none)."""
+        start = time.perf_counter()
         self._batch_policy()
         plan = self.scheduler.route(reqs, ks, chunks)
         self.fast.expect(plan)  # a round launched ahead for other rows gives back the KV blocks it held
@@ -168,8 +171,18 @@ class SpecDecoder:
             eager = _requests(plan.eager)
             outputs += self._commit(eager, self.eager.run(eager, [row.item for row in plan.eager],
                                                           self.feature_layers))
+        if (self.fast.policy is not None and not plan.eager and bool(plan.fused) != bool(plan.fused_plain)
+                and all(row.reason is not Reason.ENTERED for row in plan.fused)):  # steady rounds only
+            self._observe(plan, outputs, time.perf_counter() - start)
         by_id = {o.request_id: o for o in outputs}
         return [by_id[r.request_id] for r in reqs if r.request_id in by_id]
+
+    def _observe(self, plan: RoundPlan, outputs: Sequence[RequestOutput], seconds: float) -> None:
+        """A round on one graph: its cost (and, speculative, its acceptance) for the batch policy."""
+        policy, speculative = self.fast.policy, bool(plan.fused)
+        policy.observe(speculative, len(plan.fused or plan.fused_plain), seconds * 1e3)
+        if speculative and outputs:
+            policy.accepted(sum(o.round_accepted + 1 for o in outputs) / len(outputs))
 
     def propose(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[RoundItem]:
         """Drafts from the embedded drafter (none where k == 0 or there is no drafter)."""
@@ -226,10 +239,11 @@ class SpecDecoder:
                 self._finish(r)
         return outputs
 
-    def capture_rounds(self) -> int:
+    def capture_rounds(self, max_batch: int | None = None, modes: Sequence[Mode] | None = None) -> int:
         """On a GPU: capture the round graphs of every batch size a server will run (``FastPath.capture``), before
-        requests arrive; returns how many were built (0 without fused rounds)."""
-        return self.fast.capture(self.config.max_batch_size, self.config.spec_max_batch)
+        requests arrive; returns how many were built (0 without fused rounds). ``max_batch`` (default the
+        engine's) and ``modes`` (default greedy and sampled): only those a caller will run (a benchmark's)."""
+        return self.fast.capture(max_batch or self.config.max_batch_size, self.config.spec_max_batch, modes)
 
     def capture_prefills(self) -> int:
         """On a GPU: capture the target's prefill graph of every whole-prompt length now (with the features the

@@ -111,7 +111,7 @@ class EngineSettings(DraftLengthSettings):
                                         "run; a request that runs while more do decodes plainly to its end (none: "
                                         "always speculate)")
     pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most N requests launch the "
-                                            "next round before this one is read (0: never; none: 8 where rounds are "
+                                            "next round before this one is read (0: never; none: 64 where rounds are "
                                             "captured CUDA graphs)")
 
     # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m

@@ -35,6 +35,8 @@ def warm_up(engine: VerifierEngine) -> None:
 
 
 async def serve(settings: VerifierSettings) -> None:
+    from prometheus_client import Gauge
+
     from engine.factory import build_engine
 
     identity = internal_identity(settings)  # before the model loads: no TLS files (nor insecure) ends it here
@@ -43,6 +45,10 @@ async def serve(settings: VerifierSettings) -> None:
     engine = VerifierEngine(built.decoder, settings.lease_s)
     servicer = VerifierServicer(engine, built.target.config.vocab_size)
     log.info("verifier: model %s, embedded drafter %s", built.target.source, settings.draft)
+    if built.decoder.fast.policy is not None:
+        policy = built.decoder.fast.policy
+        Gauge("tandem_verifier_spec_k", "verifier: the draft length the batch policy chose for the last round "
+              "(0: plain decoding; engine/policy.py)").set_function(lambda: policy.last_k)
     engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
                    "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,

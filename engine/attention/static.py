@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.attention.base import AttentionMetadata
@@ -85,9 +86,10 @@ class StaticAttention:
         if n > self.rows or any(len(t) > self.max_blocks for t in tables):
             raise ValueError(f"static attention: {n} rows, longest table {max(map(len, tables), default=0)} blocks "
                              f"do not fit the bucket ({self.rows} rows, {self.max_blocks} blocks)")
-        pad = [self.scratch_block] * self.max_blocks
-        table = [list(t) + pad[len(t):] for t in tables] + [pad] * (self.rows - n)
-        self.block_table.copy_(torch.tensor(table, dtype=torch.long), non_blocking=True)
+        table = np.full((self.rows, self.max_blocks), self.scratch_block, dtype=np.int64)
+        for i, t in enumerate(tables):
+            table[i, :len(t)] = t
+        self.block_table.copy_(torch.from_numpy(table), non_blocking=True)
         if kv_lens is not None:
             self.kv_lens.copy_(torch.tensor(list(kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
                                non_blocking=True)

@@ -9,8 +9,14 @@ from engine.models.loader import LoadedModel
 
 def ngram(spec: DraftSpec, target: LoadedModel, config: EngineConfig):
     from engine.drafters.ngram import NgramDrafter
+    from engine.drafters.ngram_graph import TokenHistory
 
-    return NgramDrafter(max_n=spec.size or 3)
+    history = None
+    if config.use_fused_rounds:  # a row per request the engine may run, a whole context each
+        context = min(config.max_context or target.config.max_position, target.config.max_position)
+        width = -(-context // config.kv_block_size) * config.kv_block_size
+        history = TokenHistory(config.max_batch_size, width, config.device)
+    return NgramDrafter(max_n=spec.size or 3, history=history)
 
 
 def layer_skip(spec: DraftSpec, target: LoadedModel, config: EngineConfig):

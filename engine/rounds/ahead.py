@@ -80,7 +80,7 @@ class LaunchedAhead:
         program = launch.g.program
         if launch.sampled and program is not None:
             program.rewind(launch.sampled)
-        for alloc in {self.target} | ({program.allocator} if program is not None else set()):
+        for alloc in {self.target} | ({program.allocator} if program is not None and program.allocator else set()):
             for rid in launch.rows:
                 if rid in alloc:
                     alloc.truncate(rid, alloc.length(rid))

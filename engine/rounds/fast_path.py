@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from engine.policy import SpecPolicy
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
+from engine.rounds.graph_sampling import Mode
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -41,6 +43,7 @@ class FastPath:
         self.fused: FusedRounds | None = None
         self.fused_plain: FusedRounds | None = None
         self.next_drafts: dict[str, NextDrafts] = {}
+        self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
         if not config.use_fused_rounds:
             return
 
@@ -52,21 +55,29 @@ class FastPath:
             self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
         if drafter is not None and config.k and config.spec_max_batch is not None:
             self.fused_plain = graph(0, None)
+        if self.fused is not None and self.fused.k and self.fused_plain is not None:  # the batch policy (policy.py)
+            self.policy = SpecPolicy(self.fused.k, self.fused.batch_buckets, config.spec_max_batch)
 
     @property
     def graphs(self) -> list[FusedRounds]:
         return [g for g in (self.fused, self.fused_plain) if g is not None]
 
-    def capture(self, max_batch: int, spec_max_batch: int | None) -> int:
-        """Build (capture) the round graphs a server's batches will take, before requests arrive: the speculative
-        graph for rounds of up to ``spec_max_batch`` rows (every size where there is no batch policy), the plain
-        graph for every size (the requests the policy demotes decode plainly to their end, as their batch
-        shrinks too)."""
-        n = 0
+    def capture(self, max_batch: int, spec_max_batch: int | None, modes: Sequence[Mode] | None = None) -> int:
+        """Build (capture) the round graphs a server's batches will take, before requests arrive. With the cost
+        policy (a drafter drafting in the graph and a batch policy): both graphs at every size, then each bucket's
+        replay timed for the policy. Else the speculative graph for rounds of up to ``spec_max_batch`` rows (every
+        size where there is no batch policy), the plain graph for every size (the requests the policy demotes
+        decode plainly to their end, as their batch shrinks too)."""
+        n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
+        if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
+            n += self.fused.capture_buckets(max_batch, **kw) + self.fused_plain.capture_buckets(max_batch, **kw)
+            self.policy.timed(self.fused.replay_ms(), self.fused_plain.replay_ms())
+            return n
         if self.fused is not None:
-            n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch))
+            n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch),
+                                            **kw)
         if self.fused_plain is not None and spec_max_batch < max_batch:
-            n += self.fused_plain.capture_buckets(max_batch)
+            n += self.fused_plain.capture_buckets(max_batch, **kw)
         return n
 
     def expect(self, plan: RoundPlan) -> None:

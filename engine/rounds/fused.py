@@ -41,6 +41,7 @@ from engine.rounds.ahead import Launch, LaunchedAhead
 from engine.rounds.base import RowResult
 from engine.rounds.graph_sampling import Mode, RoundSampling
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
+from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram, Drafter
@@ -80,6 +81,9 @@ class FusedRounds:
         self.capture = capture
         self.pipeline_rows = pipeline_rows
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
+        # a deterministic drafter's drafts are one-hot (no q crosses) and may be fewer than k: a row verifies its
+        # leading real drafts, the rest are PLACEHOLDER_TOKEN_ID (the n-gram drafter's lookup)
+        self.one_hot = bool(k) and drafter.deterministic
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
         self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
         self.max_context = max_context
@@ -149,7 +153,8 @@ class FusedRounds:
             if g.program is not None:
                 g.program.commit(r.request_id, length + a + 2, keep_blocks=chained)  # tokens committed
             q = q_out[i] if q_out is not None and not r.params.greedy else None
-            results.append(RowResult(row[: a + 1], a, r.num_draft, row[k + 2:] if k else None, q))
+            drafted = min(r.num_draft, _real(r.drafts)) if self.one_hot else r.num_draft
+            results.append(RowResult(row[: a + 1], a, drafted, row[k + 2:] if k else None, q))
         if chained:  # the L each row will have once this round's tokens are committed
             self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)])
         return results
@@ -191,7 +196,8 @@ class FusedRounds:
             g.program.load([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
         inputs = torch.zeros(rows_b, k + 2, dtype=torch.long)
         inputs[:, k + 1] = k
-        inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, r.num_draft] for r in rows],
+        pad = [PLACEHOLDER_TOKEN_ID] * k  # a row with fewer than k drafts (one-hot drafts) verifies those it has
+        inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft] for r in rows],
                                   dtype=torch.long).view(n, k + 2)
         g.inputs.copy_(inputs, non_blocking=True)
         return self._replay(g, rows, list(lengths))
@@ -248,6 +254,8 @@ class FusedRounds:
         kv = g.attn.kv_lens                                                   # [R] L + k + 1
         positions = (kv[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)
         g.attn.prepare()
+        if self.one_hot:  # a placeholder is verified as any token: its result is never accepted
+            tokens = tokens.clamp(min=0)
         hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
         logits = model.lm_logits(hidden)                                       # [R*(k+1), V] model dtype
         committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))
@@ -255,6 +263,8 @@ class FusedRounds:
             s.unpack()
             per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
             probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
+            if self.one_hot:  # only the leading real drafts (greedy matching never accepts a placeholder)
+                num_draft = torch.minimum(num_draft, (drafts >= 0).long().cumprod(dim=1).sum(dim=1))
             s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise)
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)
@@ -302,7 +312,7 @@ class FusedRounds:
         sampling = None
         if mode != Mode.GREEDY:
             sampling = RoundSampling.allocate(rows, self.k, t.vocab_size, mode == Mode.FILTERED,
-                                              t.device)
+                                              t.device, with_q=not self.one_hot)
         program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
         inputs[:, self.k + 1] = self.k
@@ -314,6 +324,29 @@ class FusedRounds:
         self._graphs[(rows, ctx, mode)] = g
         return g
 
+    def replay_ms(self, iters: int = 20) -> dict[int, float]:
+        """GPU time of one replay of each captured rows bucket (the first context bucket; greedy, else sampled), by
+        CUDA events, before any request ran: every row is padding then (its block table the scratch block), so a
+        replay writes nothing but scratch. The cost policy's figures (engine/policy.py); {} where none is captured."""
+        times = {}
+        for (rows, ctx, mode), g in sorted(self._graphs.items(), key=lambda item: -item[0][2]):  # greedy last: wins
+            if g.graph is None or ctx != self.context_buckets[0]:
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            g.graph.replay()
+            start.record()
+            for _ in range(iters):
+                g.graph.replay()
+            end.record()
+            end.synchronize()
+            times[rows] = start.elapsed_time(end) / iters
+        return times
+
     @property
     def num_captured(self) -> int:
         return sum(g.graph is not None for g in self._graphs.values())
+
+
+def _real(drafts: Sequence[int]) -> int:
+    """How many leading drafts are real tokens (the rest are PLACEHOLDER_TOKEN_ID)."""
+    return next((i for i, d in enumerate(drafts) if d < 0), len(drafts))

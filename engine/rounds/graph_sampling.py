@@ -59,12 +59,14 @@ class RoundSampling:
 
     @classmethod
     def allocate(cls, rows: int, k: int, vocab: int, filtered: bool,
-                 device: torch.device) -> "RoundSampling":
+                 device: torch.device, with_q: bool = True) -> "RoundSampling":
+        """``with_q`` False: the drafts are one-hot (a deterministic drafter), no q crosses."""
         params = pack_rows([], rows).to(device)
+        q = bool(k) and with_q
         return cls(filtered, params, torch.zeros(2, rows, dtype=torch.long, device=device),
                    torch.zeros(rows, k, device=device), torch.ones(rows, vocab, device=device),
-                   torch.zeros(rows, k, vocab, device=device) if k else None,
-                   torch.zeros(k, vocab, device=device) if k else None)
+                   torch.zeros(rows, k, vocab, device=device) if q else None,
+                   torch.zeros(k, vocab, device=device) if q else None)
 
     def unpack(self) -> None:
         """Inside the graph: the parameter tensors every part of the round reads."""

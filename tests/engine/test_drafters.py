@@ -43,6 +43,38 @@ def test_ngram_lookup():
     assert p == [3]
 
 
+@pytest.mark.parametrize("vocab,length", [(3, 12), (5, 40), (50, 30), (2, 3)])
+def test_the_lookup_on_the_device_drafts_what_the_host_lookup_drafts(vocab, length):
+    """engine/drafters/ngram_graph.lookup_drafts against NgramDrafter.lookup: random histories (small vocabularies
+    repeat often, large ones rarely), rows of different lengths and accepted counts, padding rows beside them."""
+    import torch
+
+    from engine.drafters.ngram_graph import lookup_drafts
+    from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
+
+    gen, k, width, host = torch.Generator().manual_seed(vocab * 1000 + length), 4, 64, NgramDrafter(max_n=3)
+    for _ in range(20):
+        rows = 5
+        history = torch.full((rows + 2, width), 7, dtype=torch.long)  # stale tokens past what is known
+        seqs, lengths, accepted, committed = [], [], [], []
+        for r in range(rows):
+            n = int(torch.randint(1, length + 1, (1,), generator=gen))
+            seq = torch.randint(0, vocab, (n + k + 1,), generator=gen).tolist()
+            a = int(torch.randint(0, k + 1, (1,), generator=gen))
+            history[r, :n] = torch.tensor(seq[:n])              # L + 1 tokens: through t0
+            c = seq[n:n + a + 1] + [PLACEHOLDER_TOKEN_ID] * (k - a)
+            seqs.append(seq[:n + a + 1])
+            lengths.append(n - 1)
+            accepted.append(a)
+            committed.append(c)
+        slots = torch.tensor(list(range(rows)) + [rows + 1])   # a padding row on the scratch row
+        got = lookup_drafts(history, slots, torch.tensor(committed + [[0] * (k + 1)]),
+                            torch.tensor(accepted + [0]), torch.tensor(lengths + [0]), k, 3, 1)[:rows]
+        for seq, row in zip(seqs, got.tolist()):
+            want = host.lookup(seq, k)
+            assert row == want + [PLACEHOLDER_TOKEN_ID] * (k - len(want)), (seq, row, want)
+
+
 @pytest.fixture(scope="module")
 def draft_dir(hf_smollm, smollm_path, tmp_path_factory):
     """The target's first 4 layers saved as a Hugging Face directory: a standalone draft LM."""

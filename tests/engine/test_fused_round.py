@@ -43,7 +43,7 @@ def plain(smollm, prompts):
     return make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, PARAMS)
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3), ("ngram", 4)])
 def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, plain, draft, k):
     params = PARAMS
     want = plain if k == 0 else make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
@@ -78,7 +78,7 @@ def test_requests_join_between_fused_rounds_beside_sampled_ones(smollm, prompts)
     assert list(tokens.values()) == [o.new_token_ids for o in want]
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3), ("ngram", 4)])
 def test_sampled_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
     """Seeded sampled requests (temperature alone; top-k and top-p) beside a greedy one, in one batch. A draft LM
     samples its drafts as the head does (``pick_in_graph``): it takes the filtering round only."""

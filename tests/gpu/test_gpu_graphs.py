@@ -66,10 +66,10 @@ def test_speculative_with_graphs_equals_plain_greedy(f32, prompts, draft):
     assert [o.new_token_ids for o in spec] == [o.new_token_ids for o in plain]
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3), ("ngram", 4)])
 def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
     """One graph per round (verify, accept, the drafter's catch-up and next drafts: the EAGLE head, or a draft
-    LM, here the layer-skip one), replayed."""
+    LM, here the layer-skip one, or the n-gram lookup on the device), replayed."""
     plain = _decoder(f32, "none", 0, False).generate(prompts, GREEDY)
     dec = _decoder(f32, draft, k, True, fused=True)
     got = dec.generate(prompts, GREEDY)
@@ -81,16 +81,16 @@ def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
         assert abs(sum(o.accepted for o in got) - sum(o.accepted for o in eager)) <= 2
 
 
-@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
+@pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("ngram", 4)])
 def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
-    """With graphs the next fused round is launched before the host reads this one (``pipeline_max_batch``, 8 by
+    """With graphs the next fused round is launched before the host reads this one (``pipeline_max_batch``, 64 by
     default), its inputs chained on the GPU, its output copied to pinned memory. Rows leave at different rounds
     (max_tokens, EOS), rounds launched ahead are used and dropped, then one request runs alone: greedy output
     equals plain decoding, and pipelining off decodes the same."""
     params = [SamplingParams(max_tokens=16 + 9 * i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
     plain = _decoder(f32, "none", 0, False).generate(prompts, params)
     dec = _decoder(f32, draft, k, True, fused=True)
-    assert dec.fused.pipeline_rows == 8
+    assert dec.fused.pipeline_rows == 64
     got = dec.generate(prompts, params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     alone = dec.generate(prompts[1:2], params[-1])

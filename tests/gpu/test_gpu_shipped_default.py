@@ -61,7 +61,7 @@ def test_shipped_configuration_decodes_plain_greedy(f32, reference, variant):
     assert settings.draft == "auto" and settings.k == 4 and settings.spec_max_batch == 3
     dec = _decoder(f32, settings)
     if variant == "shipped":  # the fast path is really on: rounds in graphs, the next one launched ahead
-        assert dec.fused is not None and dec.fused.capture and dec.config.pipeline_rows == 8
+        assert dec.fused is not None and dec.fused.capture and dec.config.pipeline_rows == 64
     # 1 request: speculative rounds (launched ahead where shipped); 3: the policy's limit; 6: every request
     # decodes plainly (more than spec_max_batch run), on the plain graph where fused rounds are on
     for n in (1, 3, 6):

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Speculation at every batch size (issue 23) on the GPU, after staging (../shared/device/README.md, outside this
+# repository: stage.sh's chunks put on the machine), one device call per part:
+#   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=P bash bench/device/issue23.sh
+# P: where a fused round's time goes as its rows grow: bench.step_profile --round (EAGLE head, n-gram, plain) at
+#    batch 1, 4, 16, 64, greedy and T 0.7, then tandem bench speculative (policy off: --spec-max-batch 64) against
+#    plain at the same batch sizes (HumanEval, 64 prompts).
+# G: the GPU tests of n-gram fused rounds, then the greedy round profiles again (n-gram, EAGLE head, plain).
+# T: the issue's table, one dataset a call (DATASET=humaneval or sharegpt): tandem bench none,auto,ngram at bs 1, 4,
+#    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
+#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`); PIPE=N: and this tree with --pipeline-max-batch N
+#    at bs 16 and 64, greedy.
+source "$(dirname "$0")/env.sh"
+name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
+case "${PART:-P}" in
+  P)
+    for d in auto ngram none; do
+      for t in 0 0.7; do
+        [ "$d" = none ] && [ "$t" = 0.7 ] && continue
+        timeout 150 python3 -m bench.step_profile --round $d --temperature $t --batch 1,4,16,64 --iters 100 --top 10 \
+          --out "$OUT/profile-$d-$t.json" > "$OUT/profile-$d-$t.log" 2>&1
+        grep -E '^round' "$OUT/profile-$d-$t.log" || tail -5 "$OUT/profile-$d-$t.log"
+      done
+    done
+    echo "profiles done at $SECONDS s"
+    timeout 300 python3 -m cli.main bench --name "$name-forced" --dataset humaneval --num-prompts 64 \
+      --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --spec-max-batch 64 \
+      --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-forced.log" 2>&1
+    tail -30 "$OUT/$name-forced.md" 2>/dev/null || tail -20 "$OUT/$name-forced.log"; echo "bench done at $SECONDS s" ;;
+  G)
+    timeout 400 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py -k "ngram" \
+      > "$OUT/gpu-tests.log" 2>&1; tail -3 "$OUT/gpu-tests.log"
+    for d in ngram auto none; do
+      timeout 100 python3 -m bench.step_profile --round $d --batch 1,4,16,64 --iters 100 --top 10 \
+        --out "$OUT/profile-$d-0.json" > "$OUT/profile-$d-0.log" 2>&1
+      grep -E '^round' "$OUT/profile-$d-0.log" || tail -5 "$OUT/profile-$d-0.log"
+    done ;;
+  T)
+    ds=${DATASET:-humaneval}
+    for tree in . ${BASE:-}; do
+      tag=$([ "$tree" = . ] && echo "$name-$ds" || echo "$name-$ds-base")
+      (cd "$tree" && timeout 290 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
+        --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    done
+    if [ -n "${PIPE:-}" ]; then  # rounds launched ahead at every batch size, this tree: greedy, bs 16 and 64
+      tag="$name-$ds-pipe$PIPE"
+      timeout 120 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 --batch-sizes 16,64 \
+        --drafts none,auto,ngram --baselines none --temperatures 0 --pipeline-max-batch "$PIPE" --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    fi ;;
+esac
+cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-P}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

@@ -1,0 +1,113 @@
+"""Whether a round speculates: by what a round costs at this batch size and what its requests accept.
+
+A fused round costs about the same whatever each row's ``num_draft`` (the graph verifies k + 1 positions a row
+either way), so the choice that changes the cost is per round: the speculative graph (every row k drafts) or the
+plain one (k 0). The rule, per round of B rows:
+
+    speculate  iff  tau * (plain(B) + host_plain(B))  >=  margin * (spec(B) + host_spec(B))
+
+- ``spec(B)``, ``plain(B)``: the GPU time of one replay of each graph's rows bucket, timed right after it was
+  captured (``FusedRounds.replay_ms``);
+- ``host_*(B)``: the host's share of a round of that bucket, learned for each graph from the rounds the engine runs
+  (an EWMA of the round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does
+  not hide; rounds where a request entered the graph, its drafter's first drafts made eagerly, are not counted);
+  before plain rounds of a size ran, the plain graph's is taken as 0 (the rule leans to plain, the safe side) and
+  before speculative ones ran, the speculative graph's is the plain one's scaled by their replay times;
+- ``tau``: tokens a row is expected to commit per speculative round: the mean over the running requests of each
+  one's own acceptance once it has speculated 16 rounds (weighed against a prior of 2.0 as if that were 2 rounds of
+  its own), 2.0 before: every new request speculates until its own figure can decide;
+- ``margin`` (1.05): speculation must promise 5% to be chosen, so a misestimate stays near 1.0x plain.
+
+Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``: speculate
+while at most that many requests run. The chosen k per rows bucket is kept for the metrics (``chosen``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Sequence
+
+log = logging.getLogger("tandem.engine")
+
+MARGIN = 1.05       # the promised speedup speculation needs
+PRIOR_TAU = 2.0     # tokens per row per speculative round a request is credited with before its own rounds
+HOST_EWMA = 0.2     # weight of a new round's host time
+TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row (the reported running mean)
+PRIOR_ROUNDS = 2    # the prior weighs as much as this many rounds of a request's own
+MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptance counts
+
+
+class SpecPolicy:
+    def __init__(self, k: int, buckets: Sequence[int], fallback_max_batch: int) -> None:
+        self.k, self.buckets, self.fallback = k, tuple(buckets), fallback_max_batch
+        self.spec_ms: dict[int, float] = {}   # rows bucket -> GPU ms of a speculative replay
+        self.plain_ms: dict[int, float] = {}  # rows bucket -> GPU ms of a plain replay
+        self.host_ms: dict[bool, dict[int, float]] = {True: {}, False: {}}  # speculative? -> bucket -> EWMA ms
+        self.tau = PRIOR_TAU                  # the running mean over speculative rounds (reported, not decided on)
+        self.chosen: dict[int, int] = {}      # rows bucket -> the k chosen for its last round (0: plain)
+        self.last_k = k                       # the k chosen last
+
+    def bucket(self, rows: int) -> int:
+        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+
+    def timed(self, spec_ms: dict[int, float], plain_ms: dict[int, float]) -> None:
+        """The replay times of the captured graphs, by rows bucket."""
+        self.spec_ms.update(spec_ms)
+        self.plain_ms.update(plain_ms)
+
+    def measured(self, rows: int) -> bool:
+        b = self.bucket(rows)
+        return b in self.spec_ms and b in self.plain_ms
+
+    def speculate(self, rows: int, taus: Iterable[float | None]) -> bool:
+        """Whether a round of ``rows`` rows speculates; ``taus``: each request's own acceptance (None: unknown)."""
+        b = self.bucket(rows)
+        tau = self.tau
+        if not self.measured(rows):
+            yes = rows <= self.fallback
+        else:
+            known = [PRIOR_TAU if t is None else t for t in taus] or [PRIOR_TAU]
+            tau = sum(known) / len(known)
+            yes = tau * (self.plain_ms[b] + self.host(False, b)) >= MARGIN * (self.spec_ms[b] + self.host(True, b))
+        k = self.k if yes else 0
+        if self.chosen.get(b) != k:
+            log.debug("batch policy: rounds of %d rows (bucket %d) %s: tau %.2f, spec %s ms, plain %s ms, speculative host %s ms",
+                      rows, b, "speculate" if yes else "decode plainly", tau,
+                      self.spec_ms.get(b), self.plain_ms.get(b), self.host_ms[True].get(b))
+        self.chosen[b] = self.last_k = k
+        return yes
+
+    def host(self, speculative: bool, b: int) -> float:
+        """The host's share of a round of bucket ``b`` on that graph: learned, else 0 for the plain graph (until
+        plain rounds of this size ran, plain decoding is assumed to hide its host work: the rule then leans to
+        plain, the safe side) and the plain graph's share scaled by the replay times for the speculative one."""
+        own = self.host_ms[speculative].get(b)
+        if own is not None or not speculative:
+            return own or 0.0
+        plain = self.host_ms[False].get(b)
+        return 0.0 if plain is None else plain * self.spec_ms[b] / self.plain_ms[b]
+
+    def observe(self, speculative: bool, rows: int, round_ms: float) -> None:
+        """A round of ``rows`` rows, all on one graph, took ``round_ms`` end to end on the host."""
+        b = self.bucket(rows)
+        replay = (self.spec_ms if speculative else self.plain_ms).get(b)
+        if replay is None:
+            return  # untimed bucket: the fallback rule decides there, and nothing is learned
+        host = max(0.0, round_ms - replay)
+        learned = self.host_ms[speculative]
+        old = learned.get(b)
+        learned[b] = host if old is None else (1 - HOST_EWMA) * old + HOST_EWMA * host
+
+    def accepted(self, tokens_per_row: float) -> None:
+        """A speculative round's rows committed this many tokens each on average."""
+        self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
+
+    def request_tau(self, accepted: int, drafted: int) -> float | None:
+        """A request's expected tokens per speculative round: None (the prior) until it has drafted ``MIN_ROUNDS``
+        rounds' worth (a request's first rounds after its prompt often accept little: they must not demote it for
+        good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds."""
+        rounds = drafted / self.k
+        if rounds < MIN_ROUNDS:
+            return None
+        own = 1.0 + accepted / rounds
+        return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
