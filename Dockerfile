@@ -98,10 +98,12 @@ VOLUME ["/cache"]
 USER 10001:10001
 WORKDIR /home/tandem
 
-# gateway, verifier, drafter gRPC ports; Prometheus metrics (TANDEM_METRICS_PORT in deploy/)
-EXPOSE 50051 50052 50053 9090
+# gateway, verifier, drafter gRPC ports; Prometheus metrics (TANDEM_METRICS_PORT in deploy/); the plaintext
+# health-only port of deploy/'s probes (TANDEM_HEALTH_PORT)
+EXPOSE 50051 50052 50053 9090 8081
 
 ENTRYPOINT ["tandem"]
-# `docker run --gpus all -p 50051:50051 tandem:0.1.0` runs the whole stack in one container;
-# Kubernetes pods run one service each: `tandem gateway | verifier | drafter`.
-CMD ["serve"]
+# `docker run --gpus all -p 50051:50051 tandem:0.1.0` runs the whole stack in one container: the gateway on every
+# interface of the container, with an API key it prints once (or --api-keys-file), the verifier and drafter on its
+# loopback with mutual TLS. Kubernetes pods run one service each: `tandem gateway | verifier | drafter`.
+CMD ["serve", "--host", "0.0.0.0"]

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from bench.timing import percentile
+from rpc.gateway_client import GatewayAccess
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Load:
     seed: int = 0
     timeout_s: float = 600.0
     model_name: str = "model"      # openai: the served model's name
+    gateway: GatewayAccess | None = None  # grpc: the gateway's TLS and API key (None: plaintext, no key, at address)
 
 
 @dataclass
@@ -64,7 +66,8 @@ def _grpc_request(load: Load, prompt: list[int], index: int, channel) -> Result:
         req.sampling.seed = load.seed + index
     res = Result(index, time.monotonic())
     try:
-        for resp in gateway_pb2_grpc.GatewayStub(channel).Generate(req, timeout=load.timeout_s):
+        metadata = load.gateway.metadata if load.gateway is not None else ()
+        for resp in gateway_pb2_grpc.GatewayStub(channel).Generate(req, timeout=load.timeout_s, metadata=metadata):
             n = resp.token_ids.shape[0] if resp.token_ids.shape else 0
             if n:
                 res.chunks.append((time.monotonic(), n))
@@ -114,9 +117,8 @@ def _client(load: Load, prompts: list[list[int]], mine: list[int], start_at: flo
     Poisson offset from ``start_at``."""
     channel = None
     if load.protocol == "grpc":
-        import grpc
-
-        channel = grpc.insecure_channel(load.address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        gateway = load.gateway or GatewayAccess(load.address)
+        channel = gateway.blocking_channel(options=[("grpc.max_receive_message_length", 64 << 20)])
     results, lock = [], threading.Lock()
     queue = list(mine)
 

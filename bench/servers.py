@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.peers.vllm import ROOT, VLLM_ENGINES, model_dir, peer_env
+from rpc.gateway_client import GatewayAccess
 
 TANDEM_SERVERS = ("tandem-colocated", "tandem-split")
 SERVERS = TANDEM_SERVERS + tuple(VLLM_ENGINES)
@@ -32,6 +33,7 @@ class Served:
     protocol: str     # bench.serve_load.REQUEST key
     address: str
     model_name: str = "model"
+    gateway: GatewayAccess | None = None  # Tandem: how to reach its gateway (TLS, API key)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
     stack.start()
     try:
         stack.wait_ready()
-        yield Served(name, "grpc", stack.gateway_address)
+        yield Served(name, "grpc", stack.gateway_address, gateway=stack.gateway)
     finally:
         stack.stop()
 

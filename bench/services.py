@@ -31,7 +31,7 @@ def _delta_mean_ms(before, after, name, label="") -> float:
     return round((s1 - s0) / (c1 - c0) * 1e3, 3) if c1 > c0 else 0.0
 
 
-async def _wave(address: str, prompts: list[str], max_tokens: int) -> list:
+async def _wave(gateway, prompts: list[str], max_tokens: int) -> list:
     from rpc.gateway_client import stream
     from protos.tandem.v1 import gateway_pb2
 
@@ -40,7 +40,7 @@ async def _wave(address: str, prompts: list[str], max_tokens: int) -> list:
         req.messages.messages.append(gateway_pb2.ChatMessage(role="user", content=text))
         req.sampling.max_tokens = max_tokens
         req.sampling.ignore_eos = True
-        return await stream(address, req, timeout=1200, out=None)
+        return await stream(gateway, req, timeout=1200, out=None)
 
     return await asyncio.gather(*(one(p) for p in prompts))
 
@@ -55,14 +55,14 @@ def run_case(case: ServiceCase, draft: str, k: int, batch_sizes: list[int], prom
     rows = []
     try:
         stack.wait_ready()
-        asyncio.run(_wave(stack.gateway_address, prompts[:1], 8))  # warm-up
+        asyncio.run(_wave(stack.gateway, prompts[:1], 8))  # warm-up
         for bs in batch_sizes:
             before = stack.metrics("gateway")
             t0 = time.perf_counter()
             outs = []
             for w in range(waves):
                 batch = [prompts[(w * bs + i) % len(prompts)] for i in range(bs)]
-                outs += asyncio.run(_wave(stack.gateway_address, batch, max_tokens))
+                outs += asyncio.run(_wave(stack.gateway, batch, max_tokens))
             elapsed = time.perf_counter() - t0
             after = stack.metrics("gateway")
             rounds = after["tandem_rounds_total"] - before["tandem_rounds_total"]

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         with start(name, opts) as served:
             def load(c: int, t: float, max_tokens: int) -> Load:
                 return Load(served.protocol, served.address, max_tokens, t, c, args.rate, args.client_processes,
-                            args.seed, model_name=served.model_name)
+                            args.seed, model_name=served.model_name, gateway=served.gateway)
 
             for t in args.temperatures:  # warm-up: every concurrency's batch sizes and sampling modes once
                 for c in args.concurrency:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from cli.options import add_sampling_args, sampling_params
-from rpc.gateway_client import stream
+from rpc.gateway_client import GatewayAccess, stream
 
 
 def add_parser(sub) -> None:
@@ -22,6 +23,14 @@ def add_parser(sub) -> None:
     p.add_argument("--k", type=int, help="draft tokens per round for this request (default: the server's)")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of the call in seconds (default 600)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    g = p.add_argument_group("gateway access", "what the gateway takes (tandem serve prints it)")
+    g.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
+                   help="API key, sent as 'authorization: Bearer KEY' (default $TANDEM_API_KEY; none: no key)")
+    g.add_argument("--tls", action="store_true", help="TLS, the gateway's certificate checked against the system's "
+                                                      "roots (implied by --tls-ca-file)")
+    g.add_argument("--tls-ca-file", help="TLS, the gateway's certificate checked against this CA (PEM)")
+    g.add_argument("--tls-server-name", help="the name the gateway's certificate must hold (default: the host of "
+                                             "--address), e.g. through a port-forward")
     add_sampling_args(p)
     p.set_defaults(run=run)
 
@@ -50,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
 
     import grpc
 
+    gateway = GatewayAccess(args.address, args.api_key, args.tls or bool(args.tls_ca_file), args.tls_ca_file,
+                            args.tls_server_name)
     try:
-        summary = asyncio.run(stream(args.address, build_request(args), args.timeout))
+        summary = asyncio.run(stream(gateway, build_request(args), args.timeout))
     except grpc.aio.AioRpcError as exc:
         print(f"tandem client: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1

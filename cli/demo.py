@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = stack_config(args)
     log_dir = None if args.verbose else (args.log_dir or Path(tempfile.mkdtemp(prefix="tandem-demo-")))
     stack = Stack(cfg, log_dir=log_dir)
-    names = list(stack.commands())
+    names = stack.names()
     print(f"tandem demo: the {mode} stack on this machine, one process per service", flush=True)
     for line in _describe(args, mode):
         print(line, flush=True)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready in {time.monotonic() - t0:.0f} s\n", flush=True)
         for prompt in PROMPTS:
             print(f"> {prompt}", flush=True)
-            s = asyncio.run(stream(stack.gateway_address, _request(prompt, args.max_tokens), timeout=600,
+            s = asyncio.run(stream(stack.gateway, _request(prompt, args.max_tokens), timeout=600,
                                    out=sys.stdout))
             print(f"\n{_stats(s)}\n", flush=True)
     except grpc.RpcError as exc:

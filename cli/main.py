@@ -20,6 +20,7 @@ COMMANDS = {
     "serve": "cli.serve",
     "client": "cli.client",
     "demo": "cli.demo",
+    "certs": "cli.certs",
     "verifier": "cli.services",
     "drafter": "cli.services",
     "gateway": "cli.services",

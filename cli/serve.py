@@ -9,6 +9,7 @@ import sys
 import time
 
 from rpc.stack import Stack, StackConfig, free_block
+from rpc.tls import is_loopback
 
 
 def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051) -> None:
@@ -35,6 +36,22 @@ def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051)
                    help="verifier replicas, on consecutive ports after the gateway's (default 1); the gateway "
                         "pins each request to one and balances new ones by load")
     p.add_argument("--drafters", type=int, default=1, help="drafter replicas in split mode (default 1)")
+    g = p.add_argument_group(
+        "security", "The verifiers and drafters listen on 127.0.0.1 and speak mutual TLS with credentials made for "
+                    "this run (a throwaway CA in a private temporary directory, removed on exit): a process without "
+                    "them is refused. The gateway listens on --host: on loopback (the default) this machine's "
+                    "processes may call it without a key; beyond, clients need an API key (--api-keys-file, or one "
+                    "made and printed once).")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address the gateway listens on (default 127.0.0.1; 0.0.0.0: every interface, which needs "
+                        "API keys)")
+    g.add_argument("--api-keys-file", help="the gateway's API keys, one per line, optionally followed by the most "
+                                           "calls each may have in flight (clients send 'authorization: Bearer KEY')")
+    g.add_argument("--api-tls-cert-file", help="client-facing TLS: the gateway's certificate (PEM)")
+    g.add_argument("--api-tls-key-file", help="client-facing TLS: its private key (PEM)")
+    g.add_argument("--insecure", action="store_true",
+                   help="plaintext with no authentication between the services, and a gateway beyond loopback "
+                        "without API keys: only on a machine and network you trust")
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
@@ -44,10 +61,34 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     port = args.port
     if port is None:
         port = free_block(1 + args.verifiers + (0 if args.colocated else args.drafters))
+    if bool(args.api_tls_cert_file) != bool(args.api_tls_key_file):
+        raise ValueError("--api-tls-cert-file, --api-tls-key-file: client-facing TLS needs both")
     return StackConfig(port=port, colocated=args.colocated, draft=args.draft, model=args.model,
                        device=args.device, dtype=args.dtype, k=args.k, max_k=args.max_k,
                        kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
-                       verifiers=args.verifiers, drafters=args.drafters)
+                       verifiers=args.verifiers, drafters=args.drafters, host=args.host, insecure=args.insecure,
+                       api_keys_file=args.api_keys_file, api_tls_cert_file=args.api_tls_cert_file,
+                       api_tls_key_file=args.api_tls_key_file)
+
+
+def security_lines(stack: Stack) -> list[str]:
+    """How the stack is protected, in words (and the API key it made, the one time it is shown)."""
+    c = stack.cfg
+    if c.insecure:
+        inside = "plaintext, no authentication (--insecure)"
+    else:
+        inside = f"mutual TLS, credentials of this run in {stack.credentials.directory} (removed on exit)"
+    if c.api_keys_file:
+        clients = f"need an API key of {c.api_keys_file}"
+    elif stack.api_key:
+        clients = (f"need this API key, shown once: {stack.api_key} (send 'authorization: Bearer KEY'; "
+                   "tandem client --api-key KEY)")
+    else:
+        clients = "need no API key" + (" (loopback: this machine only)" if is_loopback(c.host) else
+                                       " (--insecure: anyone who reaches it)")
+    scheme = "TLS" if c.api_tls_cert_file else "plaintext"
+    return [f"  services  {', '.join(n for n in stack.names() if n != 'gateway')} on 127.0.0.1: {inside}",
+            f"  gateway   {c.host}:{c.port} over {scheme}; clients {clients}"]
 
 
 def add_parser(sub) -> None:
@@ -72,12 +113,14 @@ def run(args: argparse.Namespace) -> int:
     stack.start()
     print("tandem serve: starting " + ", ".join(f"{n} (pid {p.pid}, port {stack.cfg.ports[n]})"
                                                 for n, p in stack.procs.items()), flush=True)
+    for line in security_lines(stack):
+        print(line, flush=True)
     try:
         if not stack.wait_ready(stop=lambda: stopping):
             print("tandem serve: stopped while starting", file=sys.stderr)
             return 0
         mode = "co-located" if args.colocated else "split"
-        print(f"tandem serve: ready at {stack.gateway_address} ({mode}; services: "
+        print(f"tandem serve: ready at {stack.cfg.host}:{stack.cfg.port} ({mode}; services: "
               + ", ".join(f"{n} pid {p.pid}" for n, p in stack.procs.items()) + "). Ctrl-C stops.", flush=True)
         while not stopping:
             for name, p in stack.procs.items():

@@ -13,6 +13,7 @@ from engine.config import EngineConfig, SamplingParams
 from protos.tandem.v1 import drafter_pb2, drafter_pb2_grpc
 from rpc.server import Service, reap_forever, run, serve_engine_service
 from rpc.telemetry import setup_tracing
+from rpc.tls import internal_identity
 
 log = logging.getLogger("tandem.drafter")
 
@@ -52,6 +53,7 @@ def warm_up(engine: DrafterEngine) -> None:
 
 
 async def serve(settings: DrafterSettings) -> None:
+    identity = internal_identity(settings)  # before the drafter loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-drafter")
     config = settings.engine_config(wire=True)  # sampled drafts cross the wire as their top m
     engine = build(settings, config)
@@ -60,7 +62,7 @@ async def serve(settings: DrafterSettings) -> None:
     await serve_engine_service("drafter", Service(drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name,
                                                   drafter_pb2_grpc.add_DrafterServicer_to_server, servicer),
                                settings.drafter_port, settings, lambda: _start(servicer, engine, settings),
-                               engine.stats)
+                               engine.stats, identity)
 
 
 async def _start(servicer: DrafterServicer, engine: DrafterEngine, settings: DrafterSettings) -> None:

@@ -15,6 +15,7 @@ from protos.tandem.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier
 from rpc import convert, tensors
 from rpc.interceptors import DeadlineClientInterceptor, TracingClientInterceptor, channel_interceptors
 from rpc.server import client_options
+from rpc.tls import Identity
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,19 @@ class DraftResult:
     error: str = ""
 
 
-def channel(address: str, timeout_s: float, max_message_bytes: int) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=client_options(max_message_bytes),
-                                     interceptors=channel_interceptors(DeadlineClientInterceptor(timeout_s),
-                                                                       TracingClientInterceptor()))
+def channel(address: str, timeout_s: float, max_message_bytes: int, identity: Identity | None = None,
+            server_name: str | None = None) -> grpc.aio.Channel:
+    """A channel to a verifier or drafter replica: mutual TLS with the gateway's ``identity`` (``rpc.tls``; None:
+    plaintext), the replica's certificate checked against ``server_name`` (the DNS name its address came from)
+    where given, else against the address dialled."""
+    options = client_options(max_message_bytes)
+    interceptors = channel_interceptors(DeadlineClientInterceptor(timeout_s), TracingClientInterceptor())
+    if identity is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.aio.secure_channel(address, identity.channel_credentials(), options=options,
+                                   interceptors=interceptors)
 
 
 async def is_serving(ch: grpc.aio.Channel, timeout_s: float = 1.0) -> bool:

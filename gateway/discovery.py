@@ -113,6 +113,14 @@ class Discovery:
         """Whether any target is a name (worth resolving again)."""
         return any(not t.is_ip for t in self.targets)
 
+    def name_of(self, address: str) -> str | None:
+        """The name whose records gave ``address`` (None for an IP literal): the name a replica's TLS certificate
+        is checked against, since the gateway dials the address itself."""
+        for t, found in self._last.items():
+            if not t.is_ip and address in found:
+                return t.host
+        return None
+
     async def addresses(self) -> list[str]:
         for t in self.targets:
             if t.is_ip:

@@ -17,48 +17,65 @@ from gateway.settings import GatewaySettings
 from gateway.streamed import StreamedScheduler
 from gateway.tasks import cancel_and_wait
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
+from rpc.auth import ApiKeyInterceptor, check_open
 from rpc.metrics import serve_metrics
 from rpc.server import Server, Service, run, run_until_signal
 from rpc.telemetry import setup_tracing, shutdown_tracing
+from rpc.tls import Identity, api_server_credentials, describe, internal_identity, is_loopback
 
 log = logging.getLogger("tandem.gateway")
 
 
 def replica_pool(service: str, targets: list[Target], client_cls, timeout_s: float, probe_s: float,
-                 settings: GatewaySettings) -> ReplicaPool:
-    """One channel and client per replica of a service, found through its address setting."""
+                 settings: GatewaySettings, identity: Identity | None) -> ReplicaPool:
+    """One channel and client per replica of a service, found through its address setting; mutual TLS with the
+    gateway's ``identity`` (None: plaintext), each replica's certificate checked against the name it was found by."""
+    discovery = Discovery(targets)
+
     def make(address: str):
-        ch = channel(address, timeout_s, settings.max_message_bytes)
+        ch = channel(address, timeout_s, settings.max_message_bytes, identity, discovery.name_of(address))
         if client_cls is VerifierClient:
             return ch, VerifierClient(ch, timeout_s, settings.prefill_timeout_s)
         return ch, client_cls(ch, timeout_s)
 
-    return ReplicaPool(service, Discovery(targets), make, probe_s=probe_s, discovery_s=settings.discovery_interval_s)
+    return ReplicaPool(service, discovery, make, probe_s=probe_s, discovery_s=settings.discovery_interval_s)
 
 
 async def serve(settings: GatewaySettings) -> None:
     from engine.assets import default_model_path
     from engine.models.loader import load_model
 
+    # what protects each side, read before anything starts: a missing file (or none, without insecure) ends it here
+    identity = internal_identity(settings)
+    api_credentials = api_server_credentials(settings)
+    api_keys = check_open(settings)
     setup_tracing("tandem-gateway")
     target = load_model(settings.model or default_model_path(), load_weights=False)
     max_context = target.config.max_position
     verifiers = replica_pool("verifier", settings.verifier_targets(), VerifierClient, settings.verify_timeout_s,
-                             settings.verifier_probe_s, settings)
+                             settings.verifier_probe_s, settings, identity)
     metrics = GatewayMetrics()
     if settings.colocated:  # the verifier runs the rounds, over one Serve stream per verifier
         driver = scheduler = StreamedScheduler(verifiers, settings, metrics)
     else:
         drafters = replica_pool("drafter", settings.drafter_targets(), DrafterClient, settings.draft_timeout_s,
-                                settings.drafter_probe_s, settings)
+                                settings.drafter_probe_s, settings, identity)
         driver = SplitDriver(verifiers, drafters, settings, target.config.num_layers)
         scheduler = Scheduler(driver, settings, metrics)
     metrics.watch(driver.pools)
     builder = RequestBuilder(target.tokenizer, target.config.vocab_size, max_context, settings)
     server = Server([Service(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name,
                              gateway_pb2_grpc.add_GatewayServicer_to_server, GatewayServicer(builder, scheduler))],
-                    settings.host, settings.gateway_port, settings.max_message_bytes, settings.reuse_port)
+                    settings.host, settings.gateway_port, settings.max_message_bytes, settings.reuse_port,
+                    credentials=api_credentials, health_port=settings.health_port,
+                    interceptors=(ApiKeyInterceptor(api_keys),) if api_keys is not None else ())
     metrics_port = serve_metrics(settings.metrics_port, settings.host)
+    log.info("gateway: clients %s over %s; verifiers and drafters: %s",
+             f"need one of {len(api_keys)} API keys" if api_keys is not None else "need no API key",
+             "TLS" if api_credentials is not None else "plaintext", describe(identity))
+    if api_keys is not None and api_credentials is None and not is_loopback(settings.host):
+        log.warning("gateway: API keys over plaintext on %s: anyone on the path can read them; give "
+                    "api_tls_cert_file and api_tls_key_file (or terminate TLS in front of the gateway)", settings.host)
 
     async def ready() -> None:
         await verifiers.wait_up("a verifier")  # SERVING only once some verifier is

@@ -36,6 +36,16 @@ class GatewaySettings(ServerSettings, DraftLengthSettings):
                                                    "or for KV room when its call has no deadline of its own")
     early_draft: bool = Field(True, description="draft round r+1 while round r is verified (split mode)")
     drafter_probe_s: float = Field(1.0, gt=0, description="health-check period of each drafter replica")
+    api_keys_file: str | None = Field(None, description="clients must send 'authorization: Bearer KEY' with a key "
+                                      "of this file: one per line, optionally followed by the most calls it may have "
+                                      "in flight at once (rpc/auth.py); health stays open. None: anyone who reaches "
+                                      "the gateway, allowed on a loopback host, with api_open or with insecure")
+    api_open: bool = Field(False, description="serve clients without API keys beyond loopback too (behind a proxy "
+                           "that authenticates them, or on a network you trust), the services still speaking mutual "
+                           "TLS; off: without api_keys_file the gateway listens on loopback only")
+    api_tls_cert_file: str | None = Field(None, description="client-facing TLS: the gateway's server certificate, PEM "
+                                          "(clients need no certificate); none: plaintext")
+    api_tls_key_file: str | None = Field(None, description="the private key of api_tls_cert_file, PEM")
     feature_window: int = Field(1024, ge=1, description="a feature-fed drafter (EAGLE head) gets at most this many "
                                                         "of a request's latest target features at once")
 

@@ -4,7 +4,8 @@ grpc.health.v1 reports NOT_SERVING until the caller marks the service ready (aft
 is loaded and warmed up), and NOT_SERVING again while shutting down. A port another process
 already listens on is an error (``PortInUse``), not a port shared with it: gRPC would otherwise
 set SO_REUSEPORT and the kernel would split the connections between the two (``reuse_port``
-asks for that on purpose). How the process stops is ``rpc.lifetime``'s.
+asks for that on purpose). How the process stops is ``rpc.lifetime``'s; the port's TLS is
+``rpc.tls``'s, who may call the gateway ``rpc.auth``'s.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rpc.interceptors import TracingServerInterceptor
 from rpc.lifetime import Shutdown, watch_parent
 from rpc.metrics import engine_gauges, serve_metrics
 from rpc.telemetry import shutdown_tracing
+from rpc.tls import Identity, describe, is_loopback
 
 log = logging.getLogger("tandem.rpc")
 
@@ -52,12 +54,31 @@ def client_options(max_message_bytes: int) -> list[tuple[str, int]]:
             ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
+def _bind(server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    """Listen on host:port (TLS with ``credentials``, else plaintext); PortInUse where another process listens."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = (server.add_secure_port(address, credentials) if credentials is not None
+                 else server.add_insecure_port(address))
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise PortInUse(f"port {port} is already in use ({address}): another process listens there (another "
+                        f"tandem serve or service?); stop it or choose another port")
+    return bound
+
+
 class Server:
+    """One service's gRPC server: its services, health and reflection on one port, TLS where ``credentials`` are
+    given (``rpc.tls``), behind ``interceptors`` (e.g. the gateway's API keys, ``rpc.auth``) after tracing; and,
+    with ``health_port``, a second, plaintext server answering grpc.health.v1 alone (for probes without TLS)."""
+
     def __init__(self, services: list[Service], host: str, port: int, max_message_bytes: int,
-                 reuse_port: bool = False) -> None:
-        self.server = grpc.aio.server(interceptors=[TracingServerInterceptor(), DecodeErrorInterceptor()],
-                                      options=[*client_options(max_message_bytes),
-                                               ("grpc.so_reuseport", 1 if reuse_port else 0)])
+                 reuse_port: bool = False, credentials: grpc.ServerCredentials | None = None,
+                 interceptors: tuple[grpc.aio.ServerInterceptor, ...] = (), health_port: int | None = None) -> None:
+        options = [*client_options(max_message_bytes), ("grpc.so_reuseport", 1 if reuse_port else 0)]
+        self.server = grpc.aio.server(interceptors=[TracingServerInterceptor(), *interceptors,
+                                                    DecodeErrorInterceptor()], options=options)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for s in services:
@@ -66,18 +87,20 @@ class Server:
         reflection.enable_server_reflection(
             [*self.names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
             self.server)
-        try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise PortInUse(f"port {port} is already in use ({host}:{port}): another process listens there (another "
-                            f"tandem serve or service?); stop it or choose another port")
+        self.tls = credentials is not None
+        self.port = _bind(self.server, host, port, credentials)
+        self.health_server = self.health_port = None
+        if health_port is not None:
+            self.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_port = _bind(self.health_server, host, health_port, None)
 
     async def start(self) -> None:
         for name in ["", *self.names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
 
     async def ready(self) -> None:
         await self.set_serving(True)
@@ -90,6 +113,8 @@ class Server:
 
     async def stop(self, grace_s: float) -> None:
         await self.health.enter_graceful_shutdown()
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         await self.server.stop(grace_s)
 
 
@@ -114,7 +139,8 @@ async def run_until_signal(server: Server, grace_s: float, warm_up: Callable[[],
         await server.stop(0)
         return
     await server.ready()
-    log.info("serving %s on port %d", ", ".join(server.names), server.port)
+    log.info("serving %s on port %d (%s)%s", ", ".join(server.names), server.port, "TLS" if server.tls else "plaintext",
+             f"; health alone on plaintext port {server.health_port}" if server.health_port is not None else "")
     await shutdown.wait()
     log.info("shutting down: calls in flight have %.1f s to finish", grace_s)
     await server.stop(grace_s)
@@ -133,16 +159,22 @@ async def reap_forever(name: str, reap: Callable[[], Awaitable[int]], lease_s: f
 
 
 async def serve_engine_service(name: str, service: Service, port: int, settings, warm_up: Callable[[], Awaitable[None]],
-                               stats: Callable[[], dict[str, int]]) -> None:
+                               stats: Callable[[], dict[str, int]], identity: Identity | None) -> None:
     """The verifier's and drafter's life: serve ``service`` with engine gauges until a signal, then flush traces.
 
-    ``settings`` is a ServerSettings (host, metrics_port, max_message_bytes, grace_s). Call
+    ``settings`` is a ServerSettings (host, metrics_port, max_message_bytes, grace_s, health_port); ``identity``
+    its mutual-TLS identity (``rpc.tls.internal_identity``, read before the model loads; None: plaintext). Call
     ``setup_tracing`` before building the servicer.
     """
-    server = Server([service], settings.host, port, settings.max_message_bytes, settings.reuse_port)
+    server = Server([service], settings.host, port, settings.max_message_bytes, settings.reuse_port,
+                    credentials=identity.server_credentials() if identity is not None else None,
+                    health_port=settings.health_port)
     engine_gauges(name, stats)
     metrics_port = serve_metrics(settings.metrics_port, settings.host)
-    log.info("%s: gRPC port %d, metrics port %s", name, server.port, metrics_port)
+    log.info("%s: gRPC port %d, %s; metrics port %s", name, server.port, describe(identity), metrics_port)
+    if identity is None and not is_loopback(settings.host):
+        log.warning("%s: plaintext with no authentication on %s: anyone who reaches port %d can call it", name,
+                    settings.host, server.port)
     try:
         await run_until_signal(server, settings.grace_s, warm_up)
     finally:

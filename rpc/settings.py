@@ -38,6 +38,19 @@ class ServerSettings(TandemSettings):
     reuse_port: bool = Field(False, description="share the gRPC port with other processes that also ask for it "
                              "(SO_REUSEPORT: the kernel splits connections between them); off: a port in use is an "
                              "error")
+    tls_cert_file: str | None = Field(None, description="this service's certificate, PEM (e.g. a mounted secret's "
+                                      "tls.crt): the verifier's and drafter's server certificate, the gateway's client "
+                                      "certificate towards them (rpc/tls.py)")
+    tls_key_file: str | None = Field(None, description="the private key of tls_cert_file, PEM (tls.key)")
+    tls_ca_file: str | None = Field(None, description="the CA that signs the peers' certificates, PEM (ca.crt): the "
+                                    "verifier and drafter accept only clients whose certificate it signed, the gateway "
+                                    "only verifiers and drafters it signed")
+    insecure: bool = Field(False, description="plaintext gRPC with no authentication between the services (and a "
+                           "gateway without api_keys_file may listen beyond loopback, as with api_open); off: a "
+                           "service without the three tls_* files refuses to start")
+    health_port: OptionalInt = Field(None, ge=0, le=65535, description="a plaintext port serving grpc.health.v1 "
+                                     "alone, for probes that cannot speak TLS (Kubernetes' native gRPC probes); "
+                                     "none: off")
 
 
 class DraftLengthSettings(TandemSettings):

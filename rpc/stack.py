@@ -7,6 +7,14 @@ given all their addresses.
 The processes cannot outlive the stack's process or be confused with another stack's: each holds
 the read end of the stack's lifeline (``rpc.lifetime.watch_parent``), so they stop when this
 process ends however it ends; and ``start`` refuses ports that something already listens on.
+
+Secure by default: the verifiers and drafters listen on 127.0.0.1 only, and speak mutual TLS with
+credentials the stack makes for itself on start (``rpc.local_credentials``: a throwaway CA in a private
+temporary directory, removed on stop), so a local process that does not hold them is refused. The
+gateway listens on ``host`` (127.0.0.1 by default: this machine's processes, no API key); beyond
+loopback it needs an API key, a generated one (``api_key``) unless a keys file is given. ``insecure``
+is plaintext everywhere. Callers reach the services with ``channel(name)`` / ``blocking_channel(name)``
+and the gateway with ``gateway`` (a ``GatewayAccess``: address, TLS, key).
 """
 
 from __future__ import annotations
@@ -20,9 +28,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+from rpc.gateway_client import GatewayAccess
 from rpc.lifetime import LIFELINE_FD
+
+if TYPE_CHECKING:
+    from rpc.local_credentials import LocalCredentials
+
+# where the verifiers and drafters of a stack listen, whatever the gateway's host
+INTERNAL_HOST = "127.0.0.1"
 
 
 def free_block(n: int) -> int:
@@ -74,6 +89,12 @@ class StackConfig:
     gateway_flags: dict[str, object] = field(default_factory=dict)
     verifiers: int = 1               # replicas
     drafters: int = 1                # replicas (split mode)
+    host: str = INTERNAL_HOST        # the gateway's; beyond loopback it needs API keys (one is made, see Stack)
+    insecure: bool = False           # plaintext between the services and no credentials made
+    api_keys_file: str | None = None  # the gateway's client API keys (rpc/auth.py)
+    api_tls_cert_file: str | None = None  # the gateway's client-facing TLS
+    api_tls_key_file: str | None = None
+    api_tls_ca_file: str | None = None    # what the stack checks that certificate against (default: the file itself)
 
     def names(self, service: str) -> list[str]:
         n = self.verifiers if service == "verifier" else 0 if self.colocated else self.drafters
@@ -121,12 +142,63 @@ class Stack:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
         self._lifeline: tuple[int, int] | None = None  # (read, write): the children inherit only the read end
+        self.credentials: LocalCredentials | None = None  # made by start (make_credentials), removed by stop
 
     @property
     def gateway_address(self) -> str:
         return f"localhost:{self.cfg.port}"
 
+    @property
+    def api_key(self) -> str | None:
+        """The API key the stack made for its gateway (it listens beyond loopback and was given no keys file)."""
+        return self.credentials.api_key if self.credentials is not None else None
+
+    @property
+    def gateway(self) -> GatewayAccess:
+        """How this machine reaches the stack's gateway: its address, TLS, and the key the stack made or else the
+        first of its keys file (the stack's own calls: the demo, the benches)."""
+        c = self.cfg
+        key = self.api_key
+        if key is None and c.api_keys_file:
+            from rpc.auth import ApiKeys
+
+            key = ApiKeys.first(c.api_keys_file)
+        tls = c.api_tls_cert_file is not None
+        server_name = None
+        if tls:
+            from rpc.tls import certificate_names
+
+            server_name = next(iter(certificate_names(Path(c.api_tls_cert_file).read_bytes())), None)
+        ca_file = (c.api_tls_ca_file or c.api_tls_cert_file) if tls else None
+        return GatewayAccess(self.gateway_address, key, tls, ca_file, server_name)
+
+    def names(self) -> list[str]:
+        """The stack's processes: verifiers, drafters (split mode), the gateway."""
+        return [*self.cfg.names("verifier"), *self.cfg.names("drafter"), "gateway"]
+
+    def make_credentials(self) -> LocalCredentials | None:
+        """The stack's credentials, made the first time (``stop`` removes them); None where ``insecure``."""
+        from rpc.local_credentials import LocalCredentials  # cryptography: only once a stack runs
+        from rpc.tls import is_loopback
+
+        c = self.cfg
+        if not c.insecure and self.credentials is None:
+            self.credentials = LocalCredentials.make(api_key=not c.api_keys_file and not is_loopback(c.host))
+        return self.credentials
+
+    def _security(self, name: str) -> dict[str, object]:
+        """A process's TLS flags (and the gateway's client side)."""
+        c = self.cfg
+        credentials = self.make_credentials()
+        out: dict[str, object] = {"insecure": True} if credentials is None else dict(credentials.flags(name))
+        if name != "gateway":
+            return {"host": INTERNAL_HOST, **out}
+        keys = c.api_keys_file or (credentials.api_keys_file if credentials is not None else None)
+        return {"host": c.host, **out, "api_keys_file": keys, "api_tls_cert_file": c.api_tls_cert_file,
+                "api_tls_key_file": c.api_tls_key_file}
+
     def commands(self) -> dict[str, list[str]]:
+        """Each process's command line (its TLS flags name the stack's credentials, made here if not yet)."""
         c = self.cfg
         base = [sys.executable, "-m", "cli.main"]
         engine = dict(model=c.model, device=c.device, dtype=c.dtype, k=c.k, max_k=c.max_k,
@@ -136,32 +208,35 @@ class Stack:
         for name in c.names("verifier"):
             cmds[name] = base + ["verifier"] + _flags(verifier_port=ports[name],
                                                       draft=c.draft if c.colocated else "none",
-                                                      metrics_port=mports.get(name), **engine)
+                                                      metrics_port=mports.get(name), **engine,
+                                                      **self._security(name))
         for name in c.names("drafter"):
             cmds[name] = base + ["drafter"] + _flags(drafter_port=ports[name], draft=c.draft,
-                                                     metrics_port=mports.get(name), **engine)
+                                                     metrics_port=mports.get(name), **engine, **self._security(name))
         cmds["gateway"] = base + ["gateway"] + _flags(**{
             "gateway_port": c.port,
             "verifier_address": ",".join(f"localhost:{ports[n]}" for n in c.names("verifier")),
             "drafter_address": ",".join(f"localhost:{ports[n]}" for n in c.names("drafter") or ["drafter"]),
             "colocated": c.colocated, "model": c.model, "k": c.k, "max_k": c.max_k, "metrics_port": c.metrics_port,
-            **c.gateway_flags})
+            **self._security("gateway"), **c.gateway_flags})
         return cmds
 
     def ports_in_use(self) -> list[str]:
         """The stack's ports (gRPC and metrics) that something already listens on, as "PORT (NAME)"."""
-        names = self.commands()
+        names = self.names()
         wanted = [(port, name) for name, port in self.cfg.ports.items() if name in names]
         wanted += [(port, f"{name} metrics") for name, port in self.cfg.metrics_ports.items() if name in names]
         return [f"{port} ({name})" for port, name in sorted(wanted) if port_in_use(port)]
 
     def start(self) -> None:
-        """Start every service; a port already in use is a ValueError naming it, before anything starts."""
+        """Make the stack's credentials and start every service; a port already in use is a ValueError naming it,
+        before anything starts."""
         busy = self.ports_in_use()
         if busy:
             raise ValueError(f"port: already in use: {', '.join(busy)}. Another tandem serve may be running; stop it "
                              f"or choose other ports (--port)")
-        for name in self.commands():
+        self.make_credentials()
+        for name in self.names():
             self.start_one(name)
 
     def start_one(self, name: str) -> None:
@@ -191,9 +266,8 @@ class Stack:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         deadline = time.monotonic() + timeout_s
-        ports = self.cfg.ports
         for name in sorted(self.procs, key=lambda n: n == "gateway"):  # the gateway waits for the others
-            with grpc.insecure_channel(f"localhost:{ports[name]}") as ch:
+            with self.blocking_channel(name) as ch:
                 stub = health_pb2_grpc.HealthStub(ch)
                 while True:
                     if stop():
@@ -212,6 +286,37 @@ class Stack:
                         raise TimeoutError(f"{name} did not become SERVING within {timeout_s:.0f} s")
                     time.sleep(0.25)
         return True
+
+    def _internal(self, name: str) -> tuple[str, object | None]:
+        """A verifier's or drafter's address and the credentials of the stack's own calls (None: plaintext)."""
+        address = f"localhost:{self.cfg.ports[name]}"
+        if self.credentials is None:
+            return address, None
+        return address, self.credentials.identity().channel_credentials()
+
+    def channel(self, name: str, options: list | None = None):
+        """A grpc.aio channel to one of the stack's processes ("gateway", "verifier", "drafter-1", ...), holding
+        what it takes: mutual TLS with the stack's credentials for a verifier or drafter, ``gateway`` for the
+        gateway (whose API key, if any, goes with each call: ``stack.gateway.metadata``)."""
+        import grpc
+
+        if name == "gateway":
+            return self.gateway.channel(options)
+        address, credentials = self._internal(name)
+        if credentials is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, credentials, options=options)
+
+    def blocking_channel(self, name: str, options: list | None = None):
+        """As ``channel``, a blocking grpc channel."""
+        import grpc
+
+        if name == "gateway":
+            return self.gateway.blocking_channel(options)
+        address, credentials = self._internal(name)
+        if credentials is None:
+            return grpc.insecure_channel(address, options=options)
+        return grpc.secure_channel(address, credentials, options=options)
 
     def metrics(self, service: str) -> dict[str, float]:
         """Scrape a service process's Prometheus endpoint (needs cfg.metrics_port), e.g. "verifier-1"."""
@@ -240,3 +345,6 @@ class Stack:
             for fd in self._lifeline:
                 os.close(fd)
             self._lifeline = None
+        if self.credentials is not None:
+            self.credentials.remove()
+            self.credentials = None

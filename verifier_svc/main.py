@@ -11,6 +11,7 @@ from protos.tandem.v1 import verifier_pb2, verifier_pb2_grpc
 from rpc.metrics import engine_counter
 from rpc.server import Service, reap_forever, run, serve_engine_service
 from rpc.telemetry import setup_tracing
+from rpc.tls import internal_identity
 from verifier_svc.service import PrefillItem, VerifierEngine
 from verifier_svc.servicer import VerifierServicer
 from verifier_svc.settings import VerifierSettings
@@ -38,6 +39,7 @@ async def serve(settings: VerifierSettings) -> None:
 
     from engine.factory import build_engine
 
+    identity = internal_identity(settings)  # before the model loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-verifier")
     built = build_engine(settings.model, settings.draft, settings.engine_config())
     engine = VerifierEngine(built.decoder, settings.lease_s)
@@ -52,7 +54,7 @@ async def serve(settings: VerifierSettings) -> None:
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: _start(servicer, engine, settings),
-                               engine.stats)
+                               engine.stats, identity)
 
 
 async def _start(servicer: VerifierServicer, engine: VerifierEngine, settings: VerifierSettings) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Speculation at every batch size (issue 23) on the GPU, after staging (../shared/device/README.md, outside this
-# repository: stage.sh's chunks put on the machine), one device call per part:
+# Speculation at every batch size (issue 23) on the GPU, after staging (../shared/device/README.md,
+# outside this repository: stage.sh's chunks put on the machine), one device call per part:
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=P bash bench/device/issue23.sh
 # P: where a fused round's time goes as its rows grow: bench.step_profile --round (EAGLE head, n-gram, plain) at
 #    batch 1, 4, 16, 64, greedy and T 0.7, then tandem bench speculative (policy off: --spec-max-batch 64) against

@@ -1,6 +1,7 @@
 """What each overlay's containers run: tandem subcommands its CLI parses, ports and native gRPC probes
-that match the settings, a ConfigMap and env that load into each service's own pydantic-settings class
-and say its mode, and traces exported to the overlay's Jaeger."""
+that match the settings (the probes on the plaintext health port: they cannot speak TLS), a ConfigMap and
+env that load into each service's own pydantic-settings class and say its mode, and traces exported to
+the overlay's Jaeger. (TLS, API keys and NetworkPolicies: test_manifest_security.py.)"""
 
 from __future__ import annotations
 
@@ -43,12 +44,14 @@ def test_grpc_probes_and_ports_match_the_settings(overlay, monkeypatch):
         grpc_port = getattr(settings, f"{component}_port")
         assert ports["grpc"] == grpc_port, f"tandem-{component}: containerPort grpc != TANDEM_{component.upper()}_PORT"
         assert ports["metrics"] == settings.metrics_port, f"tandem-{component}: metrics port != TANDEM_METRICS_PORT"
+        assert ports["health"] == settings.health_port, f"tandem-{component}: health port != TANDEM_HEALTH_PORT"
+        assert len(set(ports.values())) == len(ports), f"tandem-{component}: two ports share a number"
         annotations = d["spec"]["template"]["metadata"].get("annotations", {})
         assert annotations.get("prometheus.io/port") == str(settings.metrics_port)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert probe in c, f"{overlay}: tandem-{component} has no {probe}"
-            assert c[probe].get("grpc", {}).get("port") == grpc_port, \
-                f"{overlay}: tandem-{component} {probe} is not a native gRPC probe on {grpc_port}"
+            assert c[probe].get("grpc", {}).get("port") == settings.health_port, \
+                f"{overlay}: tandem-{component} {probe} is not a native gRPC probe on the health port"
 
 
 # --------------------------------------------------------------------------------------- settings

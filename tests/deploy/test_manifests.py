@@ -68,7 +68,7 @@ def test_overlay_has_the_objects_of_its_mode(overlay):
     expected = {("ConfigMap", "tandem-config"), ("Deployment", "jaeger"), ("Service", "jaeger")}
     for s in services:
         expected |= {("Deployment", f"tandem-{s}"), ("Service", f"tandem-{s}"),
-                     ("PodDisruptionBudget", f"tandem-{s}")}
+                     ("PodDisruptionBudget", f"tandem-{s}"), ("NetworkPolicy", f"tandem-{s}")}
         if s != "gateway":
             expected.add(("Service", f"tandem-{s}-headless"))
     if overlay != "dev":

@@ -1,15 +1,21 @@
-"""Real processes on loopback: stacks of gateway / verifier / drafter started with `python -m cli.main`."""
+"""Real processes on loopback: stacks of gateway / verifier / drafter started with `python -m cli.main`.
+
+A stack is secure by default (``rpc.stack``): its verifiers and drafters speak mutual TLS with credentials it made,
+so a test reaches them through ``stack.channel(name)`` / ``stack.blocking_channel(name)``; its gateway listens on
+127.0.0.1 and needs no key (``generate`` also takes a ``GatewayAccess``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
-import grpc
 import pytest
 
 from rpc.stack import Stack, StackConfig, free_block
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc import tensors
+from rpc.gateway_client import GatewayAccess, access
 
 
 def start_stack(**overrides) -> Stack:
@@ -41,11 +47,14 @@ def chat_request(text: str, max_tokens: int = 32, **sampling) -> gateway_pb2.Gen
     return req
 
 
-async def generate(address: str, req: gateway_pb2.GenerateRequest, timeout: float = 300) -> tuple[list[int], str, object]:
-    """Stream one request; returns (token ids, text, last response)."""
+async def generate(gateway: GatewayAccess | str, req: gateway_pb2.GenerateRequest,
+                   timeout: float = 300) -> tuple[list[int], str, object]:
+    """Stream one request (from a gateway's address, or its access: TLS, API key); returns (token ids, text, last
+    response)."""
+    gateway = access(gateway)
     ids, text, last = [], "", None
-    async with grpc.aio.insecure_channel(address) as ch:
-        async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(req, timeout=timeout):
+    async with gateway.channel() as ch:
+        async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(req, timeout=timeout, metadata=gateway.metadata):
             ids += tensors.token_ids(resp.token_ids, "token_ids")
             text += resp.text
             last = resp
@@ -54,6 +63,18 @@ async def generate(address: str, req: gateway_pb2.GenerateRequest, timeout: floa
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def gateway_command(stack: Stack, port: int, *flags: str) -> list[str]:
+    """Another gateway for ``stack``'s verifiers and drafters, on 127.0.0.1:``port``, holding the stack's
+    credentials (its client certificate)."""
+    ports = stack.cfg.ports
+    security = stack.credentials.flags("gateway") if stack.credentials is not None else {"insecure": True}
+    cmd = [sys.executable, "-m", "cli.main", "gateway", "--host", "127.0.0.1", "--gateway-port", str(port),
+           "--verifier-address", f"localhost:{ports['verifier']}", "--drafter-address", f"localhost:{ports['drafter']}"]
+    for name, value in security.items():
+        cmd += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return cmd + list(flags)
 
 
 @pytest.fixture(scope="module")

@@ -81,8 +81,6 @@ def test_a_cancelled_stream_frees_its_kv(stack):
 def test_serve_streams_are_sessions_of_their_own(stack):
     """Two callers on one verifier both use slot 0: a cancel on one stream ends only its own request, and closing
     a stream frees everything it admitted."""
-    address = f"localhost:{stack.cfg.ports['verifier']}"
-
     def admit(prompt: list[int], max_tokens: int) -> verifier_pb2.ServeControl:
         params = convert.sampling_to_pb(convert.sampling_from_pb(common_pb2.SamplingParams(
             max_tokens=max_tokens, ignore_eos=True)))
@@ -90,7 +88,7 @@ def test_serve_streams_are_sessions_of_their_own(stack):
             slot=0, prompt=tensors.encode(prompt, "int32"), sampling=params)])
 
     async def two_callers():
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with stack.channel("verifier") as ch:
             stub = verifier_pb2_grpc.VerifierStub(ch)
             a, b = stub.Serve(), stub.Serve()
             await a.write(admit([1, 2, 3], 200))

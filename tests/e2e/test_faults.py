@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import grpc
@@ -14,7 +13,7 @@ import pytest
 
 from engine.config import SamplingParams
 from tests.conftest import make_decoder
-from tests.e2e.conftest import chat_request, free_block, generate, metrics, run, start_stack
+from tests.e2e.conftest import chat_request, free_block, gateway_command, generate, metrics, run, start_stack
 
 TEXTS = ["Tell me about the moon.", "Describe a cat in detail.", "Explain how rain forms.",
          "Write a short story about a robot.", "What makes a good friend?", "Describe the city of Paris.",
@@ -111,10 +110,7 @@ def test_drafter_past_its_deadline_degrades_to_plain_decoding(stack, reference):
 
 def test_overload_is_resource_exhausted(stack):
     port = free_block(1)
-    cmd = [sys.executable, "-m", "cli.main", "gateway", "--gateway-port", str(port),
-           "--verifier-address", f"localhost:{stack.cfg.ports['verifier']}",
-           "--drafter-address", f"localhost:{stack.cfg.ports['drafter']}",
-           "--max-batch-size", "1", "--max-queue", "0"]
+    cmd = gateway_command(stack, port, "--max-batch-size", "1", "--max-queue", "0")
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
         from grpc_health.v1 import health_pb2, health_pb2_grpc

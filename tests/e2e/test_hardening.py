@@ -38,14 +38,13 @@ def test_an_undecodable_request_is_invalid_argument(split_stack, payload):
 def test_a_huge_tensor_shape_fails_its_item_alone(split_stack):
     """A shape whose element count overflows 64 bits, in one item of a Verify batch: that item is refused, naming
     its field; the batch's other item is judged on its own."""
-    address = f"localhost:{split_stack.cfg.ports['verifier']}"
     huge = common_pb2.Tensor(dtype="float32", shape=[2**32, 2**32], data=b"")
     items = [verifier_pb2.VerifyItem(request_id="a", draft_tokens=tensors.encode([1], "int32"),
                                      draft_probs=common_pb2.DraftDistribution(ids=huge, probs=huge)),
              verifier_pb2.VerifyItem(request_id="b")]
 
     async def verify():
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with split_stack.channel("verifier") as ch:
             return await verifier_pb2_grpc.VerifierStub(ch).Verify(verifier_pb2.VerifyRequest(items=items), timeout=30)
 
     a, b = run(verify()).verdicts

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 
 import grpc
 import pytest
@@ -21,7 +20,7 @@ from protos.tandem.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from rpc import convert, tensors
 from rpc.stack import free_block
 from tests.conftest import make_decoder
-from tests.e2e.conftest import chat_request, generate, metrics, run
+from tests.e2e.conftest import chat_request, gateway_command, generate, metrics, run
 from tests.e2e.test_faults import _wait_for
 
 N = 40
@@ -32,10 +31,7 @@ TEXTS = ("Describe a cat in detail.", "Explain how rain forms.")
 def second_gateway(split_stack):
     """Another gateway process on the same verifier and drafter."""
     port = free_block(1)
-    ports = split_stack.cfg.ports
-    cmd = [sys.executable, "-m", "cli.main", "gateway", "--gateway-port", str(port),
-           "--verifier-address", f"localhost:{ports['verifier']}", "--drafter-address", f"localhost:{ports['drafter']}",
-           "--k", "4"]
+    cmd = gateway_command(split_stack, port, "--k", "4")
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -79,13 +75,12 @@ def test_two_clients_with_one_request_id_each_get_their_own_answer(split_stack, 
 
 
 def test_a_clients_request_id_names_nothing_on_the_verifier(split_stack, solo):
-    """While "victim" streams, a caller that reaches the verifier and names it gets NOT_FOUND and takes nothing."""
-    address = f"localhost:{split_stack.cfg.ports['verifier']}"
-
+    """While "victim" streams, a caller that reaches the verifier (holding a certificate it accepts) and names it
+    gets NOT_FOUND and takes nothing."""
     async def attack():
         victim = asyncio.create_task(generate(split_stack.gateway_address, _named(TEXTS[0])))
         await asyncio.sleep(0.5)
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with split_stack.channel("verifier") as ch:
             stub = verifier_pb2_grpc.VerifierStub(ch)
             verify = await stub.Verify(verifier_pb2.VerifyRequest(items=[verifier_pb2.VerifyItem(request_id="victim")]),
                                        timeout=60)
@@ -98,13 +93,12 @@ def test_a_clients_request_id_names_nothing_on_the_verifier(split_stack, solo):
 
 
 def test_a_prefill_without_an_id_is_refused_and_holds_nothing(split_stack):
-    address = f"localhost:{split_stack.cfg.ports['verifier']}"
     params = convert.sampling_to_pb(SamplingParams(max_tokens=2**31 - 1))
     items = [verifier_pb2.PrefillItem(request_id=rid, prompt=tensors.encode([1, 2, 3], "int32"), sampling=params)
              for rid in ("", "serve:7:0")]
 
     async def prefill():
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with split_stack.channel("verifier") as ch:
             return await verifier_pb2_grpc.VerifierStub(ch).Prefill(verifier_pb2.PrefillRequest(items=items),
                                                                      timeout=60)
 

@@ -28,7 +28,8 @@ def test_a_service_refuses_a_port_another_server_shares_out():
     port = free_block(2)
     with _listener(port, reuse_port=True):
         t0 = time.monotonic()
-        proc = tandem("gateway", "--gateway-port", str(port), "--verifier-address", f"localhost:{port + 1}")
+        proc = tandem("gateway", "--gateway-port", str(port), "--verifier-address", f"localhost:{port + 1}",
+                      "--insecure")
     assert proc.returncode == 2, proc.stderr
     assert f"port {port} is already in use" in proc.stderr and "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 60  # it fails at once, not after waiting for its verifier

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.config import SamplingParams
 from protos.tandem.v1 import gateway_pb2
+from rpc.stack import Stack
 from tests.conftest import make_decoder
 from tests.e2e.conftest import chat_request, generate, metrics, run, start_stack
 from tests.e2e.test_faults import _wait_for
@@ -31,8 +32,8 @@ def reference(smollm):
     return [o.new_token_ids for o in outs]
 
 
-def _health(address: str) -> int:
-    with grpc.insecure_channel(address) as ch:
+def _health(stack: Stack) -> int:
+    with stack.blocking_channel("gateway") as ch:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
 
 
@@ -44,13 +45,13 @@ def test_streams_ride_out_a_verifier_restart(reference, colocated):
 
         def restart():
             stack.kill("verifier")
-            _wait_for(lambda: _health(stack.gateway_address) == health_pb2.HealthCheckResponse.NOT_SERVING,
+            _wait_for(lambda: _health(stack) == health_pb2.HealthCheckResponse.NOT_SERVING,
                       what="the gateway to report NOT_SERVING")
             seen_down.append(True)
             stack.start_one("verifier")
 
         async def streams():
-            calls = [asyncio.create_task(generate(stack.gateway_address, chat_request(t, N, ignore_eos=True)))
+            calls = [asyncio.create_task(generate(stack.gateway, chat_request(t, N, ignore_eos=True)))
                      for t in TEXTS]
             await asyncio.sleep(1.0)  # every stream under way
             await asyncio.get_running_loop().run_in_executor(None, restart)
@@ -58,7 +59,7 @@ def test_streams_ride_out_a_verifier_restart(reference, colocated):
 
         results = run(streams())
         assert seen_down and [ids for ids, _, _ in results] == reference  # nothing lost, nothing repeated
-        _wait_for(lambda: _health(stack.gateway_address) == health_pb2.HealthCheckResponse.SERVING,
+        _wait_for(lambda: _health(stack) == health_pb2.HealthCheckResponse.SERVING,
                   what="SERVING again")
         _wait_for(lambda: metrics(stack, "verifier")["tandem_verifier_running"] == 0, what="the KV to be freed")
     finally:
@@ -71,7 +72,7 @@ def test_requests_wait_for_kv_room_instead_of_failing(colocated):
     stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=1024)
     try:
         async def three():
-            return await asyncio.gather(*(generate(stack.gateway_address, chat_request(t, 600, ignore_eos=True))
+            return await asyncio.gather(*(generate(stack.gateway, chat_request(t, 600, ignore_eos=True))
                                           for t in TEXTS))
 
         results = run(three())
@@ -87,16 +88,16 @@ def test_a_prompt_past_its_prefill_deadline_fails_alone(reference):
         long.sampling.max_tokens = 4
 
         async def both():
-            other = asyncio.create_task(generate(stack.gateway_address, chat_request(TEXTS[0], N, ignore_eos=True)))
+            other = asyncio.create_task(generate(stack.gateway, chat_request(TEXTS[0], N, ignore_eos=True)))
             await asyncio.sleep(0.5)
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await generate(stack.gateway_address, long)
+                await generate(stack.gateway, long)
             return err.value, await other
 
         err, (ids, _, _) = run(both())
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert ids == reference[0]  # the verifier was busy, not lost: the other stream went on
-        assert _health(stack.gateway_address) == health_pb2.HealthCheckResponse.SERVING
+        assert _health(stack) == health_pb2.HealthCheckResponse.SERVING
         _wait_for(lambda: metrics(stack, "verifier")["tandem_verifier_running"] == 0, what="the KV to be freed")
     finally:
         stack.stop()

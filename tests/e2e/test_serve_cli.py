@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rpc.stack import free_block
 from engine.config import SamplingParams
@@ -23,16 +29,29 @@ def _alive(pid: int) -> bool:
 
 
 def test_serve_client_and_ctrl_c(smollm):
+    """With its defaults: the gateway on 127.0.0.1 answers `tandem client` (no key: loopback), the verifier and
+    drafter refuse a plaintext caller (mutual TLS with credentials of the run, removed when it stops)."""
     port = free_block(3)
     serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--device", "cpu",
                               "--kv-cache-tokens", "4096"], stdout=subprocess.PIPE, text=True)
     try:
-        line = ""
+        line, seen = "", []
         deadline = time.monotonic() + 300
         while "ready at" not in line:
             line = serve.stdout.readline()
+            seen.append(line)
             assert line or serve.poll() is None, "tandem serve exited early"
             assert time.monotonic() < deadline, "tandem serve did not become ready"
+        assert f"ready at 127.0.0.1:{port}" in line
+        said = "".join(seen)
+        assert "services  verifier, drafter on 127.0.0.1: mutual TLS" in said
+        assert f"gateway   127.0.0.1:{port} over plaintext; clients need no API key (loopback" in said
+        credentials = Path(said.split("credentials of this run in ")[1].split(" ")[0])
+        assert (credentials / "ca.crt").exists()
+        for internal in (port + 1, port + 2):  # verifier, drafter: mutual TLS only
+            with grpc.insecure_channel(f"localhost:{internal}") as ch, pytest.raises(grpc.RpcError) as err:
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         pids = [int(p) for p in line.split("pid ")[1:] for p in [p.split(",")[0].split(")")[0]]]
         assert len(pids) == 3 and all(_alive(p) for p in pids)
 
@@ -56,6 +75,7 @@ def test_serve_client_and_ctrl_c(smollm):
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(_alive(p) for p in pids)
+        assert not credentials.exists()
     finally:
         if serve.poll() is None:
             serve.kill()
@@ -93,11 +113,13 @@ def test_services_die_with_a_killed_serve_and_free_their_ports():
 
     port = free_block(3)
     serve = _serve(port)
+    said = []
     try:
         pids = _pids(serve.stdout.readline())
         assert len(pids) == 3
         deadline = time.monotonic() + 300
-        while "ready at" not in serve.stdout.readline():
+        while "ready at" not in (said[-1] if said else ""):
+            said.append(serve.stdout.readline())
             assert serve.poll() is None and time.monotonic() < deadline, "tandem serve did not become ready"
         serve.kill()  # SIGKILL: no handler runs in tandem serve
         serve.wait()
@@ -106,6 +128,10 @@ def test_services_die_with_a_killed_serve_and_free_their_ports():
     finally:
         if serve.poll() is None:
             serve.kill()
+        # a killed serve cannot remove its throwaway credentials (a private 0700 directory): the test does
+        credentials = "".join(said).split("credentials of this run in ")
+        if len(credentials) > 1:
+            shutil.rmtree(credentials[1].split(" ")[0], ignore_errors=True)
 
 
 def test_sigterm_while_serve_starts_stops_everything():

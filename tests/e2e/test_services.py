@@ -117,8 +117,7 @@ def test_bad_input_is_invalid_argument_and_others_carry_on(split_stack, referenc
 def test_health_and_reflection(split_stack, service):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-    port = split_stack.cfg.ports[service]
-    with grpc.insecure_channel(f"localhost:{port}") as ch:
+    with split_stack.blocking_channel(service) as ch:  # the verifier's and drafter's: mutual TLS
         status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
         assert status == health_pb2.HealthCheckResponse.SERVING
         names = set(ProtoReflectionDescriptorDatabase(ch).get_services())

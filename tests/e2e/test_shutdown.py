@@ -49,7 +49,7 @@ def health(port: int) -> int | None:
 
 def test_sigterm_while_loading_the_model():
     port = free_block(1)
-    proc = service("verifier", "--verifier-port", str(port), "--device", "cpu")
+    proc = service("verifier", "--verifier-port", str(port), "--device", "cpu", "--insecure")
     time.sleep(1.0)
     assert not port_in_use(port), "the verifier was already serving: this test wants it still starting"
     code, took = stopped_within(proc, signal.SIGTERM, 10)
@@ -58,7 +58,8 @@ def test_sigterm_while_loading_the_model():
 
 def test_sigterm_while_the_gateway_waits_for_its_verifier():
     port = free_block(2)
-    proc = service("gateway", "--gateway-port", str(port), "--verifier-address", f"localhost:{port + 1}")
+    proc = service("gateway", "--gateway-port", str(port), "--verifier-address", f"localhost:{port + 1}",
+                   "--insecure")
     deadline = time.monotonic() + 120
     while health(port) != health_pb2.HealthCheckResponse.NOT_SERVING:  # listening, not serving: waiting
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]

@@ -19,6 +19,7 @@ import pytest
 from engine.config import SamplingParams
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc import tensors
+from rpc.gateway_client import GatewayAccess
 from tests.conftest import make_decoder
 from tests.e2e.conftest import chat_request, metrics, run, start_stack
 from tests.e2e.test_faults import _wait_for
@@ -36,10 +37,10 @@ BAD = [("prompt", lambda r: r.ClearField("messages")), ("sampling.temperature", 
     ("sampling.top_p", lambda r: setattr(r.sampling, "top_p", 0.0))]
 
 
-async def _stream(address: str, req, timeout: float, cancel_after: int | None = None):
+async def _stream(gateway: GatewayAccess, req, timeout: float, cancel_after: int | None = None):
     ids: list[int] = []
-    async with grpc.aio.insecure_channel(address) as ch:
-        call = gateway_pb2_grpc.GatewayStub(ch).Generate(req, timeout=timeout)
+    async with gateway.channel() as ch:
+        call = gateway_pb2_grpc.GatewayStub(ch).Generate(req, timeout=timeout, metadata=gateway.metadata)
         try:
             async for resp in call:
                 ids += tensors.token_ids(resp.token_ids, "token_ids")
@@ -60,7 +61,7 @@ def test_soak(smollm):
     rng = random.Random(0)
     try:
         async def soak():
-            address, t0 = stack.gateway_address, time.monotonic()
+            address, t0 = stack.gateway, time.monotonic()
             plan = ([("valid", i % len(TEXTS)) for i in range(VALID)] + [("cancel", i) for i in range(CANCELLED)]
                     + [("expire", i) for i in range(EXPIRING)] + [("bad", i) for i in range(len(BAD))])
             rng.shuffle(plan)

@@ -154,14 +154,21 @@ def test_colocated_step_picks_up_the_round_launched_ahead(smollm):
 
 
 def test_fast_path_exits_are_exported_by_reason(smollm):
-    """Co-located Step with a drafter that cannot draft inside a graph (n-gram) while fused rounds are on: every
-    decoding round is an exit, exported as tandem_fast_path_exits_total{reason} (every exit reason, 0 where none),
-    read from the engine's counts at the scrape."""
+    """Co-located Step with a drafter that cannot draft inside a graph (an n-gram drafter with no device token
+    history) while fused rounds are on: every decoding round is an exit, exported as
+    tandem_fast_path_exits_total{reason} (every exit reason, 0 where none), read from the engine's counts at the
+    scrape."""
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from engine.config import EngineConfig
+    from engine.drafters.ngram import NgramDrafter
+    from engine.runner import ModelRunner
+    from engine.spec import SpecDecoder
     from rpc.metrics import engine_counter
 
-    eng = VerifierEngine(make_decoder(smollm, "ngram", k=3, cuda_graphs=True, fused_rounds=True))
+    config = EngineConfig(kv_cache_tokens=8192, k=3, max_k=8, cuda_graphs=True, fused_rounds=True)
+    host_only = NgramDrafter()  # no token history on the device: it drafts on the host only
+    eng = VerifierEngine(SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, host_only))
     registry = CollectorRegistry()
     engine_counter("tandem_fast_path_exits", "exits", "reason", eng.fast_path_exits, registry)
     prompt = smollm.tokenizer.encode_chat([{"role": "user", "content": "Count to five."}])
