@@ -131,6 +131,10 @@ class EngineConfig:
     # fused rounds speculate only while at most this many requests run: a request running while more do decodes
     # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
     spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 3
+    # with a batch policy (spec_max_batch set): "max-batch", the rule above; "cost", per round by the measured cost
+    # of a round at this batch size and the requests' acceptance (engine/policy.py; experimental: it misjudged
+    # some batch sizes on the H200, bench/RESULTS.md issue 23), spec_max_batch where sizes were not timed
+    spec_policy: Literal["max-batch", "cost"] = "max-batch"
     # while at most this many requests run a fused round, the next round is launched before this one is read, its
     # inputs chained on the device (engine/rounds/ahead.py: the host's work overlaps the GPU's); 0: never; None: 64
     # where rounds are captured (cuda), 0 where they run eagerly
@@ -151,6 +155,8 @@ class EngineConfig:
         _require(self.draft_top_m >= 0, "draft_top_m", f"must be >= 0, got {self.draft_top_m}")
         _require(self.spec_max_batch is None or self.spec_max_batch >= 0, "spec_max_batch",
                  f"must be >= 0 or None, got {self.spec_max_batch}")
+        _require(self.spec_policy in ("max-batch", "cost"), "spec_policy",
+                 f"must be max-batch or cost, got {self.spec_policy!r}")
         _require(self.pipeline_max_batch is None or self.pipeline_max_batch >= 0, "pipeline_max_batch",
                  f"must be >= 0 or None, got {self.pipeline_max_batch}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",

@@ -110,6 +110,10 @@ class EngineSettings(DraftLengthSettings):
     spec_max_batch: OptionalInt = Field(3, ge=0, description="fused rounds speculate only while at most N requests "
                                         "run; a request that runs while more do decodes plainly to its end (none: "
                                         "always speculate)")
+    spec_policy: Literal["max-batch", "cost"] = Field(
+        "max-batch", description="how fused rounds choose to speculate: max-batch (the --spec-max-batch rule) or "
+        "cost (experimental: per round, by the measured cost of a round at this batch size and the requests' "
+        "acceptance; engine/policy.py)")
     pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most N requests launch the "
                                             "next round before this one is read (0: never; none: 64 where rounds are "
                                             "captured CUDA graphs)")
@@ -128,6 +132,7 @@ class EngineSettings(DraftLengthSettings):
                             max_k=self.max_k, k=self.k, draft_top_m=top_m, max_round_tokens=self.max_round_tokens,
                             cuda_graphs=False if self.enforce_eager else None,
                             fused_rounds=None if self.fused_rounds else False, spec_max_batch=self.spec_max_batch,
+                            spec_policy=self.spec_policy,
                             pipeline_max_batch=self.pipeline_max_batch)
 
 

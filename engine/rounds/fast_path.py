@@ -55,7 +55,7 @@ class FastPath:
             self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
         if drafter is not None and config.k and config.spec_max_batch is not None:
             self.fused_plain = graph(0, None)
-        if self.fused is not None and self.fused.k and self.fused_plain is not None:  # the batch policy (policy.py)
+        if self.fused is not None and self.fused.k and self.fused_plain is not None and config.spec_policy == "cost":
             self.policy = SpecPolicy(self.fused.k, self.fused.batch_buckets, config.spec_max_batch)
 
     @property

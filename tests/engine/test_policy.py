@@ -68,13 +68,18 @@ def test_acceptance_estimates():
     assert abs(p.tau - 3.0) < 0.01 and MARGIN > 1.0
 
 
+def test_the_cost_policy_is_opt_in(smollm):
+    assert make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=3).fast.policy is None
+
+
 def test_the_decoder_demotes_when_the_policy_says_plain_and_decodes_the_same(smollm):
     """A decoder with fused rounds and a batch policy, its graphs' figures given as a GPU would time them: rounds of
     4 requests do not pay, so all four are demoted to the plain graph at once; the output is plain greedy."""
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
-    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=8)
+    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=8,
+                       spec_policy="cost")
     policy = dec.fast.policy
     assert policy is not None
     policy.timed({b: 1.0 + 2.0 * (b >= 4) for b in BUCKETS}, {b: 1.0 for b in BUCKETS})
