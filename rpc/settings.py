@@ -102,7 +102,9 @@ class EngineSettings(DraftLengthSettings):
                                      "tokens (0: the whole distribution; none: the whole distribution in process, "
                                      "32 where drafts cross the wire, in the drafter service)")
     max_round_tokens: OptionalInt = Field(None, ge=16, description="token budget of one target forward: running "
-                                          "requests first, then prompts in chunks (chunked prefill); none: no budget")
+                                          "requests first, then prompts in chunks (chunked prefill; on a verifier a "
+                                          "Prefill's prompts too, each chunk its own engine call with other calls "
+                                          "between them); none: no budget")
     enforce_eager: bool = Field(False, description="run every forward eagerly, with no CUDA graphs (off: forwards "
                                                    "replay CUDA graphs on cuda)")
     fused_rounds: bool = Field(True, description="a whole round (verify, accept, the next drafts) as one CUDA graph "

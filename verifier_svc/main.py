@@ -45,6 +45,9 @@ async def serve(settings: VerifierSettings) -> None:
     engine = VerifierEngine(built.decoder, settings.lease_s)
     servicer = VerifierServicer(engine, built.target.config.vocab_size)
     log.info("verifier: model %s, embedded drafter %s", built.target.source, settings.draft)
+    Gauge("tandem_verifier_prefill_chunks", "verifier: engine calls that ran a part of a Prefill's prompts so far "
+          "(--max-round-tokens: a long prompt is prefilled in chunks, other calls run between them)").set_function(
+        lambda: engine.prefill_chunks)
     if built.decoder.fast.policy is not None:
         policy = built.decoder.fast.policy
         Gauge("tandem_verifier_spec_k", "verifier: the draft length the batch policy chose for the last round "

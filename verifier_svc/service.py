@@ -43,6 +43,7 @@ class VerifierEngine:
     def __init__(self, decoder: SpecDecoder, lease_s: float = 300.0) -> None:
         self.decoder = decoder
         self.leases = Leases(lease_s)  # the per-request RPCs' requests; a Serve stream's end with the stream
+        self.prefill_chunks = 0  # engine calls that ran a part of a Prefill's prompts (--max-round-tokens)
 
     @property
     def can_step(self) -> bool:
@@ -91,7 +92,39 @@ class VerifierEngine:
     def prefill(self, items: Sequence[PrefillItem | Exception], feature_layers: Sequence[int] = (),
                 feature_window: int = 0) -> list[Result]:
         """Start requests. Without ``feature_layers`` an embedded drafter gets what it declares."""
+        started, errors = self.start(items, feature_layers)
+        return self.finish_prefill(items, started, errors, feature_layers, feature_window)
+
+    @property
+    def chunk_tokens(self) -> int | None:
+        """A Prefill's prompt tokens per engine call (``--max-round-tokens``; None: the whole prompt in one)."""
+        return self.decoder.config.max_round_tokens
+
+    def prefill_chunk(self, request_ids: Sequence[str], feature_layers: Sequence[int] = ()) -> bool:
+        """One engine call's share of these started requests' prompts (``chunk_tokens`` in all, first come first):
+        their KV and queued features grow, no output. Returns whether any prompt has more than its last token
+        (what ``finish_prefill`` runs) left. A request released meanwhile is skipped."""
         layers = self.check_feature_layers(feature_layers) if feature_layers else None
+        budget, items = self.chunk_tokens or 0, []
+        for rid in request_ids:
+            r = self.decoder.requests.get(rid)
+            left = 0 if r is None else self.decoder.unseen(r) - 1  # the last token goes with the output
+            n = min(left, budget)
+            if n > 0:
+                items.append(RoundItem(rid, prefill_chunk=n))
+                budget -= n
+        if items:
+            self.leases.renew(it.request_id for it in items)
+            self.prefill_chunks += 1
+            self.decoder.run_round(items, layers)
+        return any(r is not None and self.decoder.unseen(r) - 1 > 0
+                   for r in (self.decoder.requests.get(rid) for rid in request_ids))
+
+    def start(self, items: Sequence[PrefillItem | Exception], feature_layers: Sequence[int] = ()
+              ) -> tuple[list[int], dict[int, Exception]]:
+        """Admit the requests of a Prefill (nothing runs yet): the indices started, the errors by index."""
+        if feature_layers:
+            self.check_feature_layers(feature_layers)
         started, errors = [], {}
         for i, it in enumerate(items):
             if isinstance(it, Exception):
@@ -106,6 +139,18 @@ class VerifierEngine:
             except (ValueError, CapacityError) as exc:
                 errors[i] = exc
         self.leases.renew(items[i].request_id for i in started)
+        return started, errors
+
+    def finish_prefill(self, items: Sequence[PrefillItem | Exception], started: Sequence[int],
+                       errors: dict[int, Exception], feature_layers: Sequence[int] = (), feature_window: int = 0
+                       ) -> list[Result]:
+        """The started requests' (rest of their) prompts and first tokens; one released meanwhile is NOT_FOUND."""
+        layers = self.check_feature_layers(feature_layers) if feature_layers else None
+        errors = dict(errors)
+        for i in started:
+            if items[i].request_id not in self.decoder.requests:
+                errors[i] = KeyError(f"request_id: {items[i].request_id!r} was released during its prefill")
+        started = [i for i in started if i not in errors]
         outputs = self._round([RoundItem(items[i].request_id) for i in started], layers, feature_window)
         return self._done(_fill(len(items), started, outputs, errors))
 

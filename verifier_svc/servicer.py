@@ -90,8 +90,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     async def Prefill(self, request, context):
         items = [_convert(self._prefill_item, it) for it in request.items]
-        results = await self._engine_call(context, self.engine.prefill, items, list(request.feature_layers),
-                                          request.feature_window)
+        layers = list(request.feature_layers)
+        if not self.engine.chunk_tokens:
+            results = await self._engine_call(context, self.engine.prefill, items, layers, request.feature_window)
+        else:  # the prompts in chunks, each its own engine call: other calls (Verify, Step) run between them
+            started, errors = await self._engine_call(context, self.engine.start, items, layers)
+            ids = [items[i].request_id for i in started]
+            while await self.run(self.engine.prefill_chunk, ids, layers):
+                pass
+            results = await self._engine_call(context, self.engine.finish_prefill, items, started, errors, layers,
+                                              request.feature_window)
         return verifier_pb2.VerifyResponse(verdicts=[verdict(it.request_id, r) for it, r in zip(request.items, results)])
 
     async def Verify(self, request, context):
