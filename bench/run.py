@@ -98,9 +98,12 @@ def round_split(timer: PhaseTimer) -> dict:
 
 
 def _chosen_k(decoder, k: int, batch_size: int) -> int:
-    """The k the batch policy chose for rounds of this batch size (engine/policy.py), the last time it ran one."""
-    policy = decoder.fast.policy
-    return k if policy is None else policy.chosen.get(policy.bucket(batch_size), k)
+    """The k the batch policy chose for rounds of this batch size: by cost (engine/policy.py) the last time it ran
+    one; by --spec-max-batch, 0 above it."""
+    policy, limit = decoder.fast.policy, decoder.config.spec_max_batch
+    if policy is None:  # the max-batch rule (or none)
+        return 0 if decoder.fused_plain is not None and limit is not None and batch_size > limit else k
+    return policy.chosen.get(policy.bucket(batch_size), k)
 
 
 def _policy(decoder, batch_size: int) -> dict | None:
