@@ -101,24 +101,28 @@ class VerifierEngine:
         return self.decoder.config.max_round_tokens
 
     def prefill_chunk(self, request_ids: Sequence[str], feature_layers: Sequence[int] = ()) -> bool:
-        """One engine call's share of these started requests' prompts (``chunk_tokens`` in all, first come first):
-        their KV and queued features grow, no output. Returns whether any prompt has more than its last token
-        (what ``finish_prefill`` runs) left. A request released meanwhile is skipped."""
+        """One engine call's share (``chunk_tokens`` in all, first come first) of those of these started requests'
+        prompts that one call cannot finish: their KV and queued features grow, no output. Returns whether any is
+        still that long (else ``finish_prefill`` runs the rest with the first tokens). A request released meanwhile
+        is skipped."""
         layers = self.check_feature_layers(feature_layers) if feature_layers else None
-        budget, items = self.chunk_tokens or 0, []
-        for rid in request_ids:
-            r = self.decoder.requests.get(rid)
-            left = 0 if r is None else self.decoder.unseen(r) - 1  # the last token goes with the output
-            n = min(left, budget)
+        budget = self.chunk_tokens or 0
+        pending = [(rid, left) for rid, left in self._prompt_left(request_ids) if left > budget]
+        items = []
+        for rid, left in pending:
+            n = min(left, budget - sum(it.prefill_chunk for it in items))
             if n > 0:
                 items.append(RoundItem(rid, prefill_chunk=n))
-                budget -= n
         if items:
             self.leases.renew(it.request_id for it in items)
             self.prefill_chunks += 1
             self.decoder.run_round(items, layers)
-        return any(r is not None and self.decoder.unseen(r) - 1 > 0
-                   for r in (self.decoder.requests.get(rid) for rid in request_ids))
+        return any(left > budget for _, left in self._prompt_left(request_ids))
+
+    def _prompt_left(self, request_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """Each running one's prompt tokens not yet in the target's KV, but the last (it goes with the output)."""
+        reqs = [self.decoder.requests.get(rid) for rid in request_ids]
+        return [(r.request_id, self.decoder.unseen(r) - 1) for r in reqs if r is not None]
 
     def start(self, items: Sequence[PrefillItem | Exception], feature_layers: Sequence[int] = ()
               ) -> tuple[list[int], dict[int, Exception]]:
