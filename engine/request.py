@@ -91,31 +91,26 @@ class Request:
         self.text = self.decoder.text
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str]:
-        """Append a round's committed tokens, applying the stop rules -> (tokens kept, text delta)."""
-        if not self.params.stop:
-            return self._commit_tokens(tokens)
-        stops = self.params.stop
+        """Append a round's committed tokens, applying the stop rules -> (tokens kept, text delta). Without stop
+        strings the kept tokens are detokenized at once (one decode a round); with them token by token, since a
+        stop string ends the output where it starts."""
+        n, reason = self._ends_at(tokens)
+        kept = list(tokens[:n])
+        stops, stop_at = self.params.stop, None
         hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be forming
-        kept: list[int] = []
-        stop_at: int | None = None
-        for tok in tokens:
-            before = len(self.decoder.text)
-            self.token_ids.append(tok)
-            kept.append(tok)
-            self.decoder.push([tok])
-            if stops:
+        if not stops:
+            self.decoder.push(kept)
+        else:
+            for j, tok in enumerate(kept):
+                before = len(self.decoder.text)
+                self.decoder.push([tok])
                 window = self.decoder.text[max(0, before - hold):]
                 hits = [i for i in (window.find(s) for s in stops) if i >= 0]
                 if hits:
-                    stop_at = max(0, before - hold) + min(hits)
-                    self.finish_reason = FinishReason.STOP
+                    stop_at, reason, kept = max(0, before - hold) + min(hits), FinishReason.STOP, kept[: j + 1]
                     break
-            if tok in self.eos_token_ids and not self.params.ignore_eos:
-                self.finish_reason = FinishReason.STOP
-                break
-            if self.room() == 0:
-                self.finish_reason = FinishReason.LENGTH
-                break
+        self.token_ids.extend(kept)
+        self.finish_reason = reason
         if stop_at is not None:
             visible = self.decoder.text[:stop_at]
         elif self.finished:
@@ -127,26 +122,15 @@ class Request:
         self.text += delta
         return kept, delta
 
-    def _commit_tokens(self, tokens: list[int]) -> tuple[list[int], str]:
-        """``commit`` without stop strings: the token rules (EOS, room) token by token, then the round's kept
-        tokens detokenized at once (the text is the same; a round costs one decode, not one per token)."""
+    def _ends_at(self, tokens: list[int]) -> tuple[int, FinishReason | None]:
+        """How many of a round's tokens the token rules keep (EOS, max tokens, the context) and how they end it."""
         room, eos = self.room(), () if self.params.ignore_eos else self.eos_token_ids
-        n = len(tokens)
         for i, tok in enumerate(tokens):
             if tok in eos:
-                n, self.finish_reason = i + 1, FinishReason.STOP
-                break
+                return i + 1, FinishReason.STOP
             if i + 1 >= room:
-                n, self.finish_reason = i + 1, FinishReason.LENGTH
-                break
-        kept = list(tokens[:n])
-        self.token_ids.extend(kept)
-        self.decoder.push(kept)
-        if self.finished:
-            self.decoder.flush()
-        delta = self.decoder.text[len(self.text):]
-        self.text += delta
-        return kept, delta
+                return i + 1, FinishReason.LENGTH
+        return len(tokens), None
 
     def output(self, new_tokens: list[int], delta: str, round_accepted: int = 0, round_drafted: int = 0
                ) -> RequestOutput:
