@@ -23,7 +23,9 @@ from typing import Iterator
 from bench.peers.vllm import ROOT, VLLM_ENGINES, model_dir, peer_env
 from rpc.gateway_client import GatewayAccess
 
-TANDEM_SERVERS = ("tandem-colocated", "tandem-split")
+# tandem-split: the gateway runs each round (Draft, then Verify); tandem-split-direct: the verifier calls the
+# drafter itself and runs the rounds (tandem serve --direct-draft)
+TANDEM_SERVERS = ("tandem-colocated", "tandem-split", "tandem-split-direct")
 SERVERS = TANDEM_SERVERS + tuple(VLLM_ENGINES)
 
 
@@ -61,7 +63,8 @@ def start(name: str, opts: ServerOptions) -> Iterator[Served]:
 def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
     from rpc.stack import Stack, StackConfig, free_block
 
-    cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated", draft=opts.draft, k=opts.k,
+    cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated",
+                      direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
                       model=opts.model, device=opts.device, dtype=opts.dtype,
                       extra_env={"TANDEM_ATTENTION": opts.attention},
                       gateway_flags={"max_batch_size": opts.max_batch})

@@ -17,7 +17,7 @@ from rpc.stack import Stack, StackConfig, free_block
 
 @dataclass(frozen=True)
 class ServiceCase:
-    mode: str            # "split" or "colocated"
+    mode: str            # "colocated", "split" (the gateway runs the rounds) or "split-direct" (the verifier does)
     early_draft: bool
 
 
@@ -48,6 +48,7 @@ async def _wave(gateway, prompts: list[str], max_tokens: int) -> list:
 def run_case(case: ServiceCase, draft: str, k: int, batch_sizes: list[int], prompts: list[str], max_tokens: int,
              device: str | None, dtype: str | None, waves: int) -> list[dict]:
     cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), colocated=case.mode == "colocated",
+                      direct_draft=case.mode == "split-direct",
                       draft=draft, k=k, device=device, dtype=dtype,
                       gateway_flags={"early_draft": case.early_draft, "max_batch_size": max(batch_sizes)})
     stack = Stack(cfg)

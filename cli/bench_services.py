@@ -10,7 +10,8 @@ from pathlib import Path
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "bench-services", help="measure the per-round cost of split vs co-located serving",
-        description="Start the real stack for each configuration (co-located; split with early drafts; split "
+        description="Start the real stack for each configuration (co-located; split with the verifier calling its "
+                    "drafter (--direct-draft); split with early drafts; split "
                     "without), run waves of concurrent greedy requests (ShareGPT prompts, training split) and "
                     "report per-round times from the gateway's own metrics. Writes bench/results/<name>.json.")
     p.add_argument("--name", required=True, help="results name (bench/results/NAME.json)")
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
                if c.first_user_text and len(c.first_user_text) < 1500][: max(sizes) * args.waves]
     env = environment()
     rows = []
-    for case in (ServiceCase("colocated", False), ServiceCase("split", True), ServiceCase("split", False)):
+    for case in (ServiceCase("colocated", False), ServiceCase("split-direct", False), ServiceCase("split", True),
+                 ServiceCase("split", False)):
         for row in run_case(case, args.draft, args.k, sizes, prompts, args.max_tokens, args.device, args.dtype,
                             args.waves):
             row.update(env)

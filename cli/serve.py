@@ -20,6 +20,10 @@ def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051)
                         "is an error")
     p.add_argument("--colocated", action="store_true",
                    help="no drafter service: the verifier drafts itself and runs whole rounds (Step)")
+    p.add_argument("--direct-draft", action="store_true",
+                   help="split mode: each verifier calls its drafter itself and runs the rounds back to back, as "
+                        "co-located serving does (the gateway never calls a drafter); verifier i drafts on drafter "
+                        "i mod --drafters. Off: the gateway runs each round (Draft, then Verify)")
     p.add_argument("--draft", default="auto",
                    help="auto (the trained drafter shipped for the model, else ngram), ngram[:N], layerskip:N or a "
                         "drafter PATH (default auto)")
@@ -63,7 +67,9 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         port = free_block(1 + args.verifiers + (0 if args.colocated else args.drafters))
     if bool(args.api_tls_cert_file) != bool(args.api_tls_key_file):
         raise ValueError("--api-tls-cert-file, --api-tls-key-file: client-facing TLS needs both")
-    return StackConfig(port=port, colocated=args.colocated, draft=args.draft, model=args.model,
+    if args.colocated and args.direct_draft:
+        raise ValueError("--direct-draft: split mode only (a co-located verifier drafts itself)")
+    return StackConfig(port=port, colocated=args.colocated, direct_draft=args.direct_draft, draft=args.draft, model=args.model,
                        device=args.device, dtype=args.dtype, k=args.k, max_k=args.max_k,
                        kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
                        verifiers=args.verifiers, drafters=args.drafters, host=args.host, insecure=args.insecure,
@@ -119,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         if not stack.wait_ready(stop=lambda: stopping):
             print("tandem serve: stopped while starting", file=sys.stderr)
             return 0
-        mode = "co-located" if args.colocated else "split"
+        mode = "co-located" if args.colocated else "split, verifiers call their drafters" if args.direct_draft \
+            else "split"
         print(f"tandem serve: ready at {stack.cfg.host}:{stack.cfg.port} ({mode}; services: "
               + ", ".join(f"{n} pid {p.pid}" for n, p in stack.procs.items()) + "). Ctrl-C stops.", flush=True)
         while not stopping:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from engine.config import EngineConfig
-from engine.drafters import DraftSpec, build_drafter, resolve_draft
+from engine.drafters import DraftSpec, Drafter, build_drafter, resolve_draft
 from engine.models.loader import LoadedModel, load_model, model_source
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
@@ -31,12 +32,16 @@ class Engine:
 
 
 def build_engine(model: str | Path | None, draft: str | DraftSpec, config: EngineConfig,
-                 progress: bool = True) -> Engine:
-    """``config.kv_cache_tokens`` None: each runner sizes its cache from the device's default budget."""
+                 progress: bool = True, drafter: Callable[[LoadedModel], Drafter] | None = None) -> Engine:
+    """``config.kv_cache_tokens`` None: each runner sizes its cache from the device's default budget. ``drafter``:
+    builds the drafter from the loaded target instead of ``draft`` (which must then be none), e.g. a drafter
+    service the verifier calls (verifier_svc/remote_drafter.py)."""
     path = model_source(model, quiet=not progress)
     spec = draft if isinstance(draft, DraftSpec) else DraftSpec.parse(draft)
     target = load_model(path, device=config.device, dtype=config.torch_dtype, progress=progress)
     spec = resolve_draft(spec, target.config, quiet=not progress)
     runner = ModelRunner(target.model, config)
-    drafter = build_drafter(spec, target, config)
-    return Engine(SpecDecoder(runner, target.tokenizer, config, drafter), target, config, spec)
+    if drafter is not None and spec.kind != "none":
+        raise ValueError(f"draft: {spec} given beside a drafter of another kind; give one")
+    made = drafter(target) if drafter is not None else build_drafter(spec, target, config)
+    return Engine(SpecDecoder(runner, target.tokenizer, config, made), target, config, spec)

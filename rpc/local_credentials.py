@@ -25,7 +25,7 @@ DAYS = 30.0
 class LocalCredentials:
     directory: Path
     ca_file: Path
-    files: dict[str, CertFiles]        # "verifier", "drafter" (server), "gateway" (client)
+    files: dict[str, CertFiles]        # "verifier" (server and client), "drafter" (server), "gateway" (client)
     api_key: str | None = None
     api_keys_file: Path | None = None
 
@@ -34,7 +34,8 @@ class LocalCredentials:
         directory = Path(tempfile.mkdtemp(prefix="tandem-credentials-"))  # 0700
         try:
             ca = CertificateAuthority("tandem serve throwaway CA", days=DAYS)
-            ca_file, files = write_identities(directory, {"verifier": (LOCAL_HOSTS, True, False),
+            # the verifier's is a client certificate too: with --direct-draft it calls its drafter
+            ca_file, files = write_identities(directory, {"verifier": (LOCAL_HOSTS, True, True),
                                                           "drafter": (LOCAL_HOSTS, True, False),
                                                           "gateway": ((), False, True)}, ca)
             key = keys_file = None

@@ -77,6 +77,7 @@ class StackConfig:
     verifier_port: int | None = None  # default port + 1 (replica i: + i)
     drafter_port: int | None = None   # default after the verifiers' (port + 2 with one verifier)
     colocated: bool = False
+    direct_draft: bool = False        # split mode: each verifier calls its drafter and runs the rounds (Serve)
     draft: str = "auto"
     model: str | None = None
     device: str | None = None
@@ -205,9 +206,12 @@ class Stack:
                       kv_cache_tokens=c.kv_cache_tokens)
         ports, mports = c.ports, c.metrics_ports
         cmds = {}
-        for name in c.names("verifier"):
+        drafters = c.names("drafter")
+        for i, name in enumerate(c.names("verifier")):
+            direct = f"localhost:{ports[drafters[i % len(drafters)]]}" if c.direct_draft and drafters else None
             cmds[name] = base + ["verifier"] + _flags(verifier_port=ports[name],
                                                       draft=c.draft if c.colocated else "none",
+                                                      drafter_address=direct,
                                                       metrics_port=mports.get(name), **engine,
                                                       **self._security(name))
         for name in c.names("drafter"):
@@ -217,7 +221,7 @@ class Stack:
             "gateway_port": c.port,
             "verifier_address": ",".join(f"localhost:{ports[n]}" for n in c.names("verifier")),
             "drafter_address": ",".join(f"localhost:{ports[n]}" for n in c.names("drafter") or ["drafter"]),
-            "colocated": c.colocated, "model": c.model, "k": c.k, "max_k": c.max_k, "metrics_port": c.metrics_port,
+            "colocated": c.colocated or c.direct_draft, "model": c.model, "k": c.k, "max_k": c.max_k, "metrics_port": c.metrics_port,
             **self._security("gateway"), **c.gateway_flags})
         return cmds
 

@@ -41,10 +41,13 @@ async def serve(settings: VerifierSettings) -> None:
 
     identity = internal_identity(settings)  # before the model loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-verifier")
-    built = build_engine(settings.model, settings.draft, settings.engine_config())
+    built = build_engine(settings.model, settings.draft, settings.engine_config(),
+                         drafter=_remote(settings, identity) if settings.drafter_address else None)
     engine = VerifierEngine(built.decoder, settings.lease_s)
     servicer = VerifierServicer(engine, built.target.config.vocab_size)
-    log.info("verifier: model %s, embedded drafter %s", built.target.source, settings.draft)
+    log.info("verifier: model %s, %s", built.target.source,
+             f"drafting through {built.decoder.drafter.name} at {settings.drafter_address}" if settings.drafter_address
+             else f"embedded drafter {settings.draft}")
     Gauge("tandem_verifier_prefill_chunks", "verifier: engine calls that ran a part of a Prefill's prompts so far "
           "(--max-round-tokens: a long prompt is prefilled in chunks, other calls run between them)").set_function(
         lambda: engine.prefill_chunks)
@@ -52,12 +55,29 @@ async def serve(settings: VerifierSettings) -> None:
         policy = built.decoder.fast.policy
         Gauge("tandem_verifier_spec_k", "verifier: the draft length the batch policy chose for the last round "
               "(0: plain decoding; engine/policy.py)").set_function(lambda: policy.last_k)
+    if settings.drafter_address:
+        remote = built.decoder.drafter
+        engine_counter("tandem_verifier_draft_calls", "verifier: Draft calls to its drafter service "
+                       "(--drafter-address): sent, of them failed (plain decoding for --drafter-retry-s), and rows "
+                       "resynced (the drafter had lost them: sent again whole)", "outcome", remote.stats)
     engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
                    "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: _start(servicer, engine, settings),
                                engine.stats, identity)
+
+
+def _remote(settings: VerifierSettings, identity):
+    """The drafter service at ``drafter_address`` as this verifier's drafter, once it answers."""
+    from verifier_svc.remote_drafter import RemoteDrafter, open_channel
+
+    def make(target):
+        ch = open_channel(settings.drafter_address, settings.max_message_bytes, identity)
+        return RemoteDrafter(settings.drafter_address, target.config.vocab_size, channel=ch,
+                             timeout_s=settings.draft_timeout_s, retry_s=settings.drafter_retry_s,
+                             feature_window=settings.feature_window, connect_timeout_s=settings.drafter_connect_s)
+    return make
 
 
 async def _start(servicer: VerifierServicer, engine: VerifierEngine, settings: VerifierSettings) -> None:

@@ -24,19 +24,26 @@ from engine.sampling import PLACEHOLDER_TOKEN_ID, RowParams, coins, greedy_verif
 
 
 class EagerRound:
-    def __init__(self, target: ModelRunner) -> None:
+    def __init__(self, target: ModelRunner, pad: bool | None = None) -> None:
         self.target = target
+        # pad decoding rows to one draft count (``_uniform``): only worth it where the runner replays step graphs
+        self.pad = target.graphs is not None if pad is None else pad
+        self.padded_rounds = 0  # rounds whose rows were padded to one draft count
 
     def run(self, reqs: Sequence[Request], items: Sequence[RoundItem], aux_layers: tuple[int, ...]
             ) -> list[RowResult | None]:
         """One target forward + verification for these rows (each request at most once) -> per row its result,
         None for a partial prefill. ``aux_layers``: target layers whose outputs each request queues for its
         newly verified positions."""
+        starts = [self.target.length(r.request_id) for r in reqs]
         drafts = [list(it.drafts) for it in items]
-        chunks, starts, partial = [], [], []
-        for r, d, it in zip(reqs, drafts, items):
-            starts.append(self.target.length(r.request_id))
-            unseen = r.token_ids[starts[-1]:]
+        if self.pad:
+            uniform = _uniform(drafts, reqs, items, starts)
+            self.padded_rounds += uniform is not drafts
+            drafts = uniform
+        chunks, partial = [], []
+        for r, d, it, start in zip(reqs, drafts, items, starts):
+            unseen = r.token_ids[start:]
             partial.append(it.prefill_chunk is not None and it.prefill_chunk < len(unseen))
             if partial[-1]:
                 if d or it.prefill_chunk < 1:
@@ -53,18 +60,20 @@ class EagerRound:
         results: list[RowResult | None] = [None] * len(reqs)
         if not full:
             return results
-        out, num_accepted = self._verify([reqs[i] for i in full], [items[i] for i in full], res.logits)
+        out, num_accepted = self._verify([reqs[i] for i in full], [items[i] for i in full], res.logits,
+                                         [chunks[i].num_logits for i in full])
         for i, row, a in zip(full, out.tolist(), num_accepted.tolist()):
             r, d = reqs[i], drafts[i]
             if res.aux is not None:  # features of the positions now verified: unseen + accepted drafts
                 n = len(chunks[i].token_ids) - len(d) + a
                 r.features.add(starts[i], res.aux[offsets[i]: offsets[i] + n])
             self.target.truncate(r.request_id, len(r.token_ids) + a)
-            results[i] = RowResult(row[: a + 1], a, len(d))
+            results[i] = RowResult(row[: a + 1], a, len(items[i].drafts))
         return results
 
-    def _verify(self, reqs: list[Request], items: Sequence[RoundItem],
-                logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _verify(self, reqs: list[Request], items: Sequence[RoundItem], logits: torch.Tensor,
+                widths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: [sum(widths), V], row i's ``widths[i]`` (1 + its drafts, padding included) after row i - 1's."""
         dev = logits.device
         b = len(reqs)
         kmax = max(len(it.drafts) for it in items)
@@ -72,8 +81,7 @@ class EagerRound:
         draft_ids = torch.tensor([list(it.drafts) + [PLACEHOLDER_TOKEN_ID] * (kmax - len(it.drafts)) for it in items],
                                  dtype=torch.long, device=dev).view(b, kmax)
         # rows of request i in the flat logits: starts[i] .. starts[i] + n_i; pad by repeating
-        starts = torch.tensor(list(itertools.accumulate([1 + len(it.drafts) for it in items], initial=0))[:-1],
-                              device=dev)
+        starts = torch.tensor(list(itertools.accumulate(widths, initial=0))[:-1], device=dev)
         offs = torch.minimum(torch.arange(kmax + 1, device=dev).unsqueeze(0), num_draft.unsqueeze(1))
         padded = logits[starts.unsqueeze(1) + offs]                # [B, K+1, V]
         out, num_accepted = greedy_verify(draft_ids, num_draft, ops.argmax(padded))
@@ -114,3 +122,18 @@ class EagerRound:
             r.draws += 1
         return (coins.draw(seeds, counters, k, coins.Stream.ACCEPT, dev),
                 coins.draw(seeds, counters, vocab, coins.Stream.RECOVER, dev, exponential=True))
+
+
+def _uniform(drafts: list[list[int]], reqs: Sequence[Request], items: Sequence[RoundItem],
+             starts: Sequence[int]) -> list[list[int]]:
+    """The drafts each row sends through the target: a round of decoding rows (one unseen token each) whose draft
+    counts differ is padded to the longest, so that it is a uniform step and replays the runner's step graph
+    instead of running eagerly. The padding (the row's last token, any id would do) is never verified:
+    acceptance reads only a row's own ``items[i].drafts``, and its KV and features past them are dropped.
+    Rows stay as they are where any row is a prompt chunk or a padded row would pass its context."""
+    kmax = max((len(d) for d in drafts), default=0)
+    if all(len(d) == kmax for d in drafts) or any(it.prefill_chunk is not None for it in items):
+        return drafts
+    if any(len(r.token_ids) - s != 1 or len(r.token_ids) + kmax > r.max_context for r, s in zip(reqs, starts)):
+        return drafts
+    return [d + [r.token_ids[-1]] * (kmax - len(d)) for d, r in zip(drafts, reqs)]

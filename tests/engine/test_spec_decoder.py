@@ -67,6 +67,26 @@ def test_per_request_k_in_one_batch(smollm, prompts, reference):
     assert outs[0].rounds == N  # k = 0 is plain decoding: one token per round
 
 
+def test_padded_rounds_change_nothing(smollm, prompts, reference):
+    """Rows with different draft counts padded to one (a uniform step that replays a graph on a GPU; forced on
+    here): greedy output stays plain greedy's, sampled output and every row's drafted count stay what the
+    unpadded round gives."""
+    ks = [0, 1, 3, 4]
+    greedy = [dataclasses.replace(GREEDY, k=k) for k in ks]
+    sampled = [dataclasses.replace(g, temperature=0.8, top_p=0.95, seed=7 + i) for i, g in enumerate(greedy)]
+    outs = {}
+    for pad in (False, True):
+        dec = make_decoder(smollm, "layerskip:4", k=4)
+        dec.eager.pad = pad
+        outs[pad] = [dec.generate(prompts[:4], params) for params in (greedy, sampled)]
+        assert (dec.eager.padded_rounds > 0) == pad
+    for o, ref in zip(outs[True][0], reference):
+        assert o.new_token_ids == ref
+    for padded, plain in zip(sum(outs[True], []), sum(outs[False], [])):
+        assert (padded.new_token_ids, padded.drafted, padded.accepted) == (plain.new_token_ids, plain.drafted,
+                                                                           plain.accepted)
+
+
 def test_stops_at_eos(smollm):
     prompt = smollm.tokenizer.encode_chat(
         [{"role": "user", "content": "What is the capital of France? Answer in two sentences."}])
