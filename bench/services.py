@@ -59,6 +59,7 @@ def run_case(case: ServiceCase, draft: str, k: int, batch_sizes: list[int], prom
         asyncio.run(_wave(stack.gateway, prompts[:1], 8))  # warm-up
         for bs in batch_sizes:
             before = stack.metrics("gateway")
+            direct0 = _direct(stack) if case.mode == "split-direct" else None
             t0 = time.perf_counter()
             outs = []
             for w in range(waves):
@@ -66,6 +67,7 @@ def run_case(case: ServiceCase, draft: str, k: int, batch_sizes: list[int], prom
                 outs += asyncio.run(_wave(stack.gateway, batch, max_tokens))
             elapsed = time.perf_counter() - t0
             after = stack.metrics("gateway")
+            direct = _direct_ms(direct0, _direct(stack)) if direct0 is not None else {}
             rounds = after["tandem_rounds_total"] - before["tandem_rounds_total"]
             hits = after.get('tandem_early_draft_total{outcome="hit"}', 0) - before.get(
                 'tandem_early_draft_total{outcome="hit"}', 0)
@@ -82,15 +84,31 @@ def run_case(case: ServiceCase, draft: str, k: int, batch_sizes: list[int], prom
                 "early_wait_ms": _delta_mean_ms(before, after, "tandem_round_phase_seconds", '{phase="wait"}'),
                 "early_hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
                 "acceptance_length": round(committed / sum(o["rounds"] for o in outs), 3),
-                "tokens_per_s": round(tokens / elapsed, 2)})
+                "tokens_per_s": round(tokens / elapsed, 2), **direct})
     finally:
         stack.stop()
     return rows
 
 
+def _direct(stack: Stack) -> tuple[float, float, float]:
+    """--direct-draft: (Draft calls the verifier sent, seconds it spent in them, seconds the drafter drafted)."""
+    v, d = stack.metrics("verifier"), stack.metrics("drafter")
+    return (v['tandem_verifier_draft_calls_total{outcome="sent"}'], v["tandem_verifier_draft_call_seconds"],
+            d["tandem_drafter_draft_seconds"])
+
+
+def _direct_ms(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict[str, float]:
+    """Per Draft call: its wall time at the verifier and the drafter's own work in it, ms."""
+    calls = after[0] - before[0]
+    if not calls:
+        return {"draft_calls": 0}
+    return {"draft_calls": int(calls), "draft_call_ms": round((after[1] - before[1]) / calls * 1e3, 3),
+            "drafter_work_ms": round((after[2] - before[2]) / calls * 1e3, 3)}
+
+
 def markdown(rows: list[dict]) -> str:
     cols = ["mode", "early_draft", "batch_size", "round_ms", "draft_wait_ms", "verify_ms", "early_wait_ms",
-            "early_hit_rate", "acceptance_length", "tokens_per_s"]
+            "early_hit_rate", "draft_calls", "draft_call_ms", "drafter_work_ms", "acceptance_length", "tokens_per_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -23,6 +23,11 @@ def add_parser(sub) -> None:
     p.add_argument("--device", help="cpu or cuda[:N] for the verifier and the drafter (default cuda when present)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV dtype (default float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m],
+                   default=["colocated", "split-direct", "split-early", "split"],
+                   help="comma-separated configurations, run in turn (default all): colocated, split-direct (the "
+                        "verifier calls its drafter), split-early (the gateway runs the rounds, early drafts on), "
+                        "split (early drafts off)")
     p.add_argument("--out-dir", default="bench/results", help="where the results go (default bench/results)")
     p.set_defaults(run=run)
 
@@ -37,12 +42,17 @@ def run(args: argparse.Namespace) -> int:
                if c.first_user_text and len(c.first_user_text) < 1500][: max(sizes) * args.waves]
     env = environment()
     rows = []
-    for case in (ServiceCase("colocated", False), ServiceCase("split-direct", False), ServiceCase("split", True),
-                 ServiceCase("split", False)):
+    cases = {"colocated": ServiceCase("colocated", False), "split-direct": ServiceCase("split-direct", False),
+             "split-early": ServiceCase("split", True), "split": ServiceCase("split", False)}
+    unknown = [m for m in args.modes if m not in cases]
+    if unknown:
+        raise ValueError(f"--modes: unknown {', '.join(unknown)} (choose from {', '.join(cases)})")
+    for case in (cases[m] for m in args.modes):
         for row in run_case(case, args.draft, args.k, sizes, prompts, args.max_tokens, args.device, args.dtype,
                             args.waves):
             row.update(env)
-            print(json.dumps({k: row[k] for k in ("mode", "early_draft", "batch_size", "round_ms", "tokens_per_s")}),
+            print(json.dumps({k: row.get(k) for k in ("mode", "early_draft", "batch_size", "round_ms", "draft_call_ms",
+                                                      "drafter_work_ms", "tokens_per_s")}),
                   flush=True)
             rows.append(row)
     out = Path(args.out_dir) / f"{args.name}.json"

@@ -53,12 +53,16 @@ def warm_up(engine: DrafterEngine) -> None:
 
 
 async def serve(settings: DrafterSettings) -> None:
+    from prometheus_client import Gauge
+
     identity = internal_identity(settings)  # before the drafter loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-drafter")
     config = settings.engine_config(wire=True)  # sampled drafts cross the wire as their top m
     engine = build(settings, config)
     servicer = DrafterServicer(engine, config.draft_top_m or engine.vocab)
     log.info("drafter: %s", settings.draft)
+    Gauge("tandem_drafter_draft_seconds", "drafter: time spent drafting so far (a running total: the drafter's "
+          "own work, without gRPC)").set_function(lambda: engine.draft_s)
     await serve_engine_service("drafter", Service(drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name,
                                                   drafter_pb2_grpc.add_DrafterServicer_to_server, servicer),
                                settings.drafter_port, settings, lambda: _start(servicer, engine, settings),

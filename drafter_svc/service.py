@@ -7,6 +7,7 @@ known history means this process has lost the request (restarted): it asks for a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -45,6 +46,7 @@ class DrafterEngine:
         self.max_k = max_k
         self.histories: dict[str, list[int]] = {}
         self.leases = Leases(lease_s)  # a history no Draft names for this long belongs to a gateway that is gone
+        self.draft_s = 0.0  # time drafting (the drafter's own work, no gRPC), a running total
 
     def capture_prefills(self) -> int:
         """The drafter's catch-up graphs for whole prompts, before requests (on a GPU; 0 where nothing is captured)."""
@@ -82,7 +84,9 @@ class DrafterEngine:
         if ok:
             reqs = [DraftRequest(items[i].request_id, self.histories[items[i].request_id], items[i].k, items[i].params,
                                  features=items[i].features, features_start=items[i].features_start) for i in ok]
+            t0 = time.perf_counter()
             proposal = self.drafter.propose(reqs)
+            self.draft_s += time.perf_counter() - t0
             for j, i in enumerate(ok):
                 tokens = proposal.token_ids[j]
                 sampled = proposal.probs is not None and not items[i].params.greedy

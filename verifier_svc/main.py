@@ -60,6 +60,9 @@ async def serve(settings: VerifierSettings) -> None:
         engine_counter("tandem_verifier_draft_calls", "verifier: Draft calls to its drafter service "
                        "(--drafter-address): sent, of them failed (plain decoding for --drafter-retry-s), and rows "
                        "resynced (the drafter had lost them: sent again whole)", "outcome", remote.stats)
+        Gauge("tandem_verifier_draft_call_seconds", "verifier: wall time spent in Draft calls to its drafter service "
+              "so far (a running total: serialization, the wire and the drafter's work)").set_function(
+            lambda: remote.call_s)
     engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
                    "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,

@@ -63,6 +63,7 @@ class RemoteDrafter:
         self.sent: dict[str, int] = {}    # committed tokens of each request the drafter holds
         self.down_until = 0.0              # monotonic time before which no Draft is sent
         self.calls = self.failures = self.resyncs = 0
+        self.call_s = 0.0                  # wall time in Draft calls (for tandem_verifier_draft_call_seconds)
         info = self._describe(connect_timeout_s)
         self.name = f"remote:{info.name}"
         self.deterministic = info.deterministic
@@ -99,6 +100,7 @@ class RemoteDrafter:
 
     def _call(self, items: list[drafter_pb2.DraftItem]) -> list[drafter_pb2.DraftResult] | None:
         self.calls += 1
+        t0 = time.perf_counter()
         try:
             return list(self.stub.Draft(drafter_pb2.DraftRequest(items=items), timeout=self.timeout).results)
         except grpc.RpcError as exc:
@@ -108,6 +110,8 @@ class RemoteDrafter:
             log.warning("verifier: Draft to %s failed (%s: %s); plain decoding for %.1f s", self.address,
                         exc.code().name, exc.details(), self.retry_s)
             return None
+        finally:
+            self.call_s += time.perf_counter() - t0
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         """One Draft call for every row (a second for rows the drafter lost) -> drafts; none where it failed."""

@@ -7,6 +7,12 @@
 # B: the co-located stack at concurrency 64, then the split stack's rounds at batch 8 with the n-gram drafter, early
 #    drafts on and off (tandem bench-services), with the verifier's and the gateway's Python stacks sampled meanwhile (py-spy dump, from the carried .whl:
 #    carry [".carry/env", ".whl"]) into pyspy.txt.
+# D: tandem bench-serve, greedy: co-located, split with the verifier calling its drafter (--direct-draft) and split
+#    with the gateway running the rounds, beside the in-process engine (as A, one temperature).
+# E: speculation at every batch size (TANDEM_SPEC_MAX_BATCH=none) co-located vs split --direct-draft, c 8 and 64
+#    greedy, and c 1 at T 0.7; then the GPU tests of padded verify rounds.
+# F: where a split round's time goes: tandem bench-services, co-located vs --direct-draft, batch 1 and 8 with
+#    speculation at every size, the default drafter and n-gram (round ms, Draft call ms, the drafter's own ms).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -30,5 +36,31 @@ case "${PART:-A}" in
     timeout 330 python3 -m cli.main bench-services --name "$name-split-bs8" --draft ngram --k 4 --batch-sizes 8 \
       --max-tokens 128 --waves 2 --device cuda --out-dir "$OUT" > "$OUT/$name-split-bs8.log" 2>&1
     kill $spy; grep -E '^\{' "$OUT/$name-split-bs8.log" | cut -c1-200; echo "split done at $SECONDS s" ;;
+  D)
+    timeout 590 python3 -m cli.main bench-serve --name "$name-served-direct" \
+      --servers tandem-colocated,tandem-split-direct,tandem-split --concurrency 1,8,64 --temperatures 0 \
+      --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-served-direct.log" 2>&1
+    grep -E '^\{' "$OUT/$name-served-direct.log" | cut -c1-220; echo "served done at $SECONDS s" ;;
+  E)
+    TANDEM_SPEC_MAX_BATCH=none timeout 330 python3 -m cli.main bench-serve --name "$name-served-spec" \
+      --servers tandem-colocated,tandem-split-direct --concurrency 8,64 --temperatures 0 \
+      --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-served-spec.log" 2>&1
+    grep -E '^\{' "$OUT/$name-served-spec.log" | cut -c1-220; echo "forced speculation done at $SECONDS s"
+    timeout 150 python3 -m cli.main bench-serve --name "$name-served-t07" \
+      --servers tandem-colocated,tandem-split-direct --concurrency 1 --temperatures 0.7 \
+      --max-tokens 128 --client-processes 1 --in-process --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-served-t07.log" 2>&1
+    grep -E '^\{' "$OUT/$name-served-t07.log" | cut -c1-220; echo "T 0.7 done at $SECONDS s"
+    timeout 100 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py -k "padded or speculative_with_graphs" 2>&1 \
+      | tail -5 ;;
+  F)
+    for d in auto ngram; do
+      TANDEM_SPEC_MAX_BATCH=none timeout 280 python3 -m cli.main bench-services --name "$name-direct-$d" --draft $d \
+        --modes colocated,split-direct --batch-sizes 1,8 --max-tokens 128 --waves 2 --device cuda --out-dir "$OUT" \
+        > "$OUT/$name-direct-$d.log" 2>&1
+      grep -E '^\{' "$OUT/$name-direct-$d.log" | cut -c1-220; echo "$d done at $SECONDS s"
+    done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

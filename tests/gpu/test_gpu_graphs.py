@@ -66,6 +66,22 @@ def test_speculative_with_graphs_equals_plain_greedy(f32, prompts, draft):
     assert [o.new_token_ids for o in spec] == [o.new_token_ids for o in plain]
 
 
+@pytest.mark.parametrize("draft", ["layerskip:4", "auto"])
+def test_rows_padded_to_one_draft_count_replay_the_verify_graph(f32, prompts, draft):
+    """Eager rounds whose rows draft different counts (per-request k 0..4; a drafter service's drafts arrive so)
+    are padded to one, replay the step graph of q_len k + 1 (with the head's features for EAGLE) and still equal
+    plain greedy decoding."""
+    import dataclasses
+
+    plain = _decoder(f32, "none", 0, False).generate(prompts, GREEDY)
+    dec = _decoder(f32, draft, 4, True)
+    params = [dataclasses.replace(GREEDY, k=k) for k in (0, 1, 3, 4, 2, 4)]
+    spec = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in spec] == [o.new_token_ids for o in plain]
+    assert dec.eager.padded_rounds > 0
+    assert any(key[1] == 5 for key in dec.target.graphs._buckets), "no verify graph of q_len 5 was replayed"
+
+
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4), ("layerskip:6", 3), ("ngram", 4)])
 def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
     """One graph per round (verify, accept, the drafter's catch-up and next drafts: the EAGLE head, or a draft
