@@ -57,7 +57,7 @@ case "${PART:-A}" in
       | tail -5 ;;
   F)
     for d in auto ngram; do
-      TANDEM_SPEC_MAX_BATCH=none timeout 280 python3 -m cli.main bench-services --name "$name-direct-$d" --draft $d \
+      TANDEM_ATTENTION=torch TANDEM_SPEC_MAX_BATCH=none timeout 280 python3 -m cli.main bench-services --name "$name-direct-$d" --draft $d \
         --modes colocated,split-direct --batch-sizes 1,8 --max-tokens 128 --waves 2 --device cuda --out-dir "$OUT" \
         > "$OUT/$name-direct-$d.log" 2>&1
       grep -E '^\{' "$OUT/$name-direct-$d.log" | cut -c1-220; echo "$d done at $SECONDS s"
