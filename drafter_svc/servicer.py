@@ -45,6 +45,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return drafter_pb2.DraftResponse(
             results=[_result(it.request_id, r, self.top_m) for it, r in zip(request.items, results)])
 
+    async def DraftStream(self, request_iterator, context):
+        async for request in request_iterator:
+            yield await self.Draft(request, context)
+
     async def Describe(self, request, context):
         d = self.engine.drafter
         return drafter_pb2.DrafterInfo(name=d.name, deterministic=d.deterministic,

@@ -145,15 +145,19 @@ class StepGraphs:
             self._forward(bucket)
         return bucket.logits[:t], bucket.hidden[:t], None if bucket.aux is None else bucket.aux[:t]
 
-    def capture_all(self, q_lens: tuple[int, ...] = (1,)) -> int:
-        """Build the buckets of these q_lens now (largest first, so the pool is sized once); returns how many."""
+    def capture_all(self, q_lens: tuple[int, ...] = (1,), aux_layers: tuple[int, ...] = (), features: int = 0,
+                    max_rows: int | None = None) -> int:
+        """Build the buckets of these q_lens now (largest first, so the pool is sized once), those returning
+        ``aux_layers`` / reading ``features`` wide feature rows, of at most ``max_rows`` rows (the bucket holding
+        that many; None: every bucket); returns how many buckets there are."""
+        top = next((b for b in self.batch_buckets if max_rows is not None and b >= max_rows), self.batch_buckets[-1])
         for q_len in q_lens:
-            for rows in reversed(self.batch_buckets):
+            for rows in reversed([b for b in self.batch_buckets if b <= top]):
                 if q_len > 1 and rows * q_len > MAX_GRAPH_TOKENS:
                     continue
                 for ctx in reversed(self.context_buckets):
-                    if (rows, q_len, ctx, (), 0) not in self._buckets:
-                        self._build(rows, q_len, ctx, (), 0)
+                    if (rows, q_len, ctx, aux_layers, features) not in self._buckets:
+                        self._build(rows, q_len, ctx, aux_layers, features)
         return len(self._buckets)
 
     def _compute(self, bucket: _Bucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

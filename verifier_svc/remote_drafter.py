@@ -2,13 +2,15 @@
 
 ``tandem verifier --drafter-address HOST:PORT`` drafts through this class instead of an embedded drafter. It
 is an engine ``Drafter``: the decoder asks it for a round's drafts exactly as it asks an embedded one, and it
-makes one ``Draft`` call to the drafter service for all the round's rows. So the verifier runs rounds back
+sends one ``DraftRequest`` to the drafter service for all the round's rows, over a ``DraftStream`` kept
+open across rounds (no per-call setup on the round's path). So the verifier runs rounds back
 to back for its Serve streams as co-located serving does; the gateway never calls the drafter, and a round
 costs one verify and one Draft call, not the gateway's Draft and Verify calls and their per-request messages.
 
 Per request it sends only what the drafter has not seen: the committed tokens past those it sent last time,
 and the target features (an EAGLE head) queued since, at most ``feature_window`` of the latest. Request ids on
-the drafter carry a tag of this process, so verifiers sharing one drafter never name each other's requests.
+the drafter carry a tag of this process and a serial number, so verifiers sharing one drafter never name each
+other's requests and a request never meets the state of an earlier one that had its id.
 
 The drafter is never on the critical path for correctness: a failed or late ``Draft`` (past ``timeout_s``)
 means no drafts this round (the target decodes those rows plainly) and no call for ``retry_s``; a drafter that
@@ -19,7 +21,9 @@ call of the same round; a row the drafter refuses gets no drafts, and its error 
 from __future__ import annotations
 
 import logging
+import queue
 import secrets
+import threading
 import time
 from typing import Sequence
 
@@ -61,9 +65,12 @@ class RemoteDrafter:
         self.window = feature_window
         self.tag = secrets.token_hex(4)   # this process's prefix for its request ids on the drafter
         self.sent: dict[str, int] = {}    # committed tokens of each request the drafter holds
+        self.keys: dict[str, str] = {}    # each running request's id on the drafter (``_key``)
+        self.serial = 0
         self.down_until = 0.0              # monotonic time before which no Draft is sent
         self.calls = self.failures = self.resyncs = 0
         self.call_s = 0.0                  # wall time in Draft calls (for tandem_verifier_draft_call_seconds)
+        self._stream: DraftStream | None = None
         info = self._describe(connect_timeout_s)
         self.name = f"remote:{info.name}"
         self.deterministic = info.deterministic
@@ -83,7 +90,13 @@ class RemoteDrafter:
                 time.sleep(1.0)
 
     def _key(self, request_id: str) -> str:
-        return f"{self.tag}/{request_id}"
+        """The request's id on the drafter: unique to this process and to this request (the verifier reuses a Serve
+        stream's ids for later requests; a new one must not meet the old one's state, its draft noise above all)."""
+        key = self.keys.get(request_id)
+        if key is None:
+            self.serial += 1
+            key = self.keys[request_id] = f"{self.tag}/{self.serial}/{request_id}"
+        return key
 
     def _item(self, r: DraftRequest, start: int) -> drafter_pb2.DraftItem:
         item = drafter_pb2.DraftItem(request_id=self._key(r.request_id), start=start,
@@ -102,13 +115,18 @@ class RemoteDrafter:
         self.calls += 1
         t0 = time.perf_counter()
         try:
-            return list(self.stub.Draft(drafter_pb2.DraftRequest(items=items), timeout=self.timeout).results)
-        except grpc.RpcError as exc:
+            if self._stream is None:
+                self._stream = DraftStream(self.stub)
+            return list(self._stream.ask(drafter_pb2.DraftRequest(items=items), self.timeout).results)
+        except (grpc.RpcError, TimeoutError, ConnectionError) as exc:
             self.failures += 1
             self.down_until = time.monotonic() + self.retry_s
             self.sent.clear()  # whatever it held may be gone: the next call resends every history
-            log.warning("verifier: Draft to %s failed (%s: %s); plain decoding for %.1f s", self.address,
-                        exc.code().name, exc.details(), self.retry_s)
+            self._stream.close()  # a late answer must not be read as the next call's
+            self._stream = None
+            why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+            log.warning("verifier: Draft to %s failed (%s); plain decoding for %.1f s", self.address, why,
+                        self.retry_s)
             return None
         finally:
             self.call_s += time.perf_counter() - t0
@@ -152,10 +170,10 @@ class RemoteDrafter:
 
     def release(self, request_id: str) -> None:
         """Forget the request here and tell the drafter without waiting (its lease frees it if this is lost)."""
-        if self.sent.pop(request_id, None) is None:
+        key = self.keys.pop(request_id, None)
+        if self.sent.pop(request_id, None) is None or key is None:
             return
-        future = self.stub.Release.future(common_pb2.ReleaseRequest(request_ids=[self._key(request_id)]),
-                                          timeout=self.timeout)
+        future = self.stub.Release.future(common_pb2.ReleaseRequest(request_ids=[key]), timeout=self.timeout)
         future.add_done_callback(_log_failure)
 
     def capture_prefills(self) -> int:
@@ -164,6 +182,42 @@ class RemoteDrafter:
     def stats(self) -> dict[str, int]:
         """Draft calls sent, of them failed, and rows sent again whole (the drafter had lost them)."""
         return {"sent": self.calls, "failed": self.failures, "resynced": self.resyncs}
+
+
+_END = object()
+
+
+class DraftStream:
+    """One ``DraftStream`` call, kept open across rounds: ``ask`` sends a DraftRequest and waits (at most
+    ``timeout`` seconds) for its DraftResponse, which a reader thread hands over in order."""
+
+    def __init__(self, stub: drafter_pb2_grpc.DrafterStub) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._responses: queue.SimpleQueue = queue.SimpleQueue()
+        self.call = stub.DraftStream(iter(self._requests.get, _END))
+        threading.Thread(target=self._read, name="drafter-stream", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for response in self.call:
+                self._responses.put(response)
+            self._responses.put(ConnectionError("the drafter ended the stream"))
+        except grpc.RpcError as exc:
+            self._responses.put(exc)
+
+    def ask(self, request: drafter_pb2.DraftRequest, timeout: float) -> drafter_pb2.DraftResponse:
+        self._requests.put(request)
+        try:
+            out = self._responses.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no answer within {timeout} s") from None
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def close(self) -> None:
+        self._requests.put(_END)
+        self.call.cancel()
 
 
 def _log_failure(future: grpc.Future) -> None:

@@ -30,6 +30,9 @@ from engine.models.eagle import EagleHead
 from engine.runner import Chunk, ModelRunner
 
 
+STEP_CAPTURE_ROWS = 8  # capture_prefills also captures the head's steps of batches up to this many rows
+
+
 @dataclass
 class _State:
     base: int = 1                                    # position of the first true entry in the head's KV
@@ -56,6 +59,7 @@ class EagleDrafter:
         self.target_features = head.eagle.aux_layers
         self.feature_size = head.eagle.aux_size
         self.runner = ModelRunner(head, config)
+        self.k = config.k  # the default draft length: the step shapes capture_prefills captures
         self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
         self._states: dict[str, _State] = {}
 
@@ -65,8 +69,15 @@ class EagleDrafter:
         return EagleProgram(self, rows, k, max_blocks, sampled)
 
     def capture_prefills(self) -> int:
-        """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests."""
-        return self.runner.capture_prefills(features=self.head.config.hidden_size)
+        """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests; and
+        the steps ``propose`` replays for small batches (a catch-up of 1 .. k + 1 entries, the draft chain's
+        single ones) up to ``STEP_CAPTURE_ROWS`` rows: a drafter service drafts every round through them."""
+        n = self.runner.capture_prefills(features=self.head.config.hidden_size)
+        graphs = self.runner.graphs
+        if graphs is not None and graphs.capture:
+            graphs.capture_all(tuple(range(1, self.k + 2)), features=self.head.config.hidden_size,
+                               max_rows=STEP_CAPTURE_ROWS)
+        return n
 
     def graph_ready(self, request_id: str, committed: int) -> bool:
         """After ``propose``: the head holds true entries 1 .. committed - 1 (base 1), what a fused round

@@ -42,6 +42,11 @@ class DrafterStub:
                 request_serializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
                 response_deserializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
                 _registered_method=True)
+        self.DraftStream = channel.stream_stream(
+                '/tandem.v1.Drafter/DraftStream',
+                request_serializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
+                response_deserializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/tandem.v1.Drafter/Release',
                 request_serializer=protos_dot_tandem_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -65,6 +70,14 @@ class DrafterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DraftStream(self, request_iterator, context):
+        """The same as a stream, for a caller that drafts every round (a verifier with --drafter-address): one
+        DraftResponse per DraftRequest, in order; no per-call setup on the round's path.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Forget requests and free their KV.
         """
@@ -84,6 +97,11 @@ def add_DrafterServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Draft': grpc.unary_unary_rpc_method_handler(
                     servicer.Draft,
+                    request_deserializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftRequest.FromString,
+                    response_serializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftResponse.SerializeToString,
+            ),
+            'DraftStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DraftStream,
                     request_deserializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftRequest.FromString,
                     response_serializer=protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftResponse.SerializeToString,
             ),
@@ -125,6 +143,33 @@ class Drafter:
             request,
             target,
             '/tandem.v1.Drafter/Draft',
+            protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
+            protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DraftStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.Drafter/DraftStream',
             protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
             protos_dot_tandem_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
             options,
