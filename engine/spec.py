@@ -52,7 +52,7 @@ class SpecDecoder:
         self.max_context = min(config.max_context or target.model.config.max_position,
                                target.model.config.max_position)
         self.fast = FastPath(target, drafter, config, self.max_context)
-        self.eager = EagerRound(target)
+        self.eager = EagerRound(target, k=config.k)
         self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast, drafter)
 
     # ------------------------------------------------------------------ the parts, as callers know them

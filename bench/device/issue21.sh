@@ -13,6 +13,8 @@
 #    greedy, and c 1 at T 0.7; then the GPU tests of padded verify rounds.
 # F: where a split round's time goes: tandem bench-services, co-located vs --direct-draft, batch 1 and 8 with
 #    speculation at every size, the default drafter and n-gram (round ms, Draft call ms, the drafter's own ms).
+# G: F's split-direct rows alone, then again with every service process switching threads every 0.5 ms instead of
+#    Python's 5 ms (a sitecustomize.py on PYTHONPATH; an experiment, not a setting): is the Draft call's wait the GIL?
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -61,6 +63,17 @@ case "${PART:-A}" in
         --modes colocated,split-direct --batch-sizes 1,8 --max-tokens 128 --waves 2 --device cuda --out-dir "$OUT" \
         > "$OUT/$name-direct-$d.log" 2>&1
       grep -E '^\{' "$OUT/$name-direct-$d.log" | cut -c1-220; echo "$d done at $SECONDS s"
+    done ;;
+  G)
+    mkdir -p /tmp/gil && echo 'import sys; sys.setswitchinterval(0.0005)' > /tmp/gil/sitecustomize.py
+    for variant in default gil; do
+      for d in auto ngram; do
+        pp=$PYTHONPATH; [ $variant = gil ] && pp=/tmp/gil:$PYTHONPATH
+        PYTHONPATH=$pp TANDEM_ATTENTION=torch TANDEM_SPEC_MAX_BATCH=none timeout 140 python3 -m cli.main bench-services \
+          --name "$name-direct-$d-$variant" --draft $d --modes split-direct --batch-sizes 1,8 --max-tokens 128 \
+          --waves 2 --device cuda --out-dir "$OUT" > "$OUT/$name-direct-$d-$variant.log" 2>&1
+        grep -E '^\{' "$OUT/$name-direct-$d-$variant.log" | cut -c1-220; echo "$d $variant done at $SECONDS s"
+      done
     done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

@@ -24,8 +24,9 @@ from engine.sampling import PLACEHOLDER_TOKEN_ID, RowParams, coins, greedy_verif
 
 
 class EagerRound:
-    def __init__(self, target: ModelRunner, pad: bool | None = None) -> None:
+    def __init__(self, target: ModelRunner, pad: bool | None = None, k: int = 0) -> None:
         self.target = target
+        self.k = k  # a padded round's rows take at least this many drafts: the verify shape captured at warm-up
         # pad decoding rows to one draft count (``_uniform``): only worth it where the runner replays step graphs
         self.pad = target.graphs is not None if pad is None else pad
         self.padded_rounds = 0  # rounds whose rows were padded to one draft count
@@ -38,7 +39,7 @@ class EagerRound:
         starts = [self.target.length(r.request_id) for r in reqs]
         drafts = [list(it.drafts) for it in items]
         if self.pad:
-            uniform = _uniform(drafts, reqs, items, starts)
+            uniform = _uniform(drafts, reqs, items, starts, self.k)
             self.padded_rounds += uniform is not drafts
             drafts = uniform
         chunks, partial = [], []
@@ -125,14 +126,16 @@ class EagerRound:
 
 
 def _uniform(drafts: list[list[int]], reqs: Sequence[Request], items: Sequence[RoundItem],
-             starts: Sequence[int]) -> list[list[int]]:
-    """The drafts each row sends through the target: a round of decoding rows (one unseen token each) whose draft
-    counts differ is padded to the longest, so that it is a uniform step and replays the runner's step graph
-    instead of running eagerly. The padding (the row's last token, any id would do) is never verified:
-    acceptance reads only a row's own ``items[i].drafts``, and its KV and features past them are dropped.
-    Rows stay as they are where any row is a prompt chunk or a padded row would pass its context."""
-    kmax = max((len(d) for d in drafts), default=0)
-    if all(len(d) == kmax for d in drafts) or any(it.prefill_chunk is not None for it in items):
+             starts: Sequence[int], k: int) -> list[list[int]]:
+    """The drafts each row sends through the target: a round of decoding rows (one unseen token each) with drafts
+    is padded to one count, the longest or ``k`` where that is more (the verify shape captured at warm-up), so
+    that it is a uniform step and replays the runner's step graph instead of running eagerly or capturing one.
+    The padding (the row's last token, any id would do) is never verified: acceptance reads only a row's own
+    ``items[i].drafts``, and its KV and features past them are dropped. Rows stay as they are where none has
+    drafts, any row is a prompt chunk or a padded row would pass its context."""
+    longest = max((len(d) for d in drafts), default=0)
+    kmax = max(longest, k)
+    if not longest or all(len(d) == kmax for d in drafts) or any(it.prefill_chunk is not None for it in items):
         return drafts
     if any(len(r.token_ids) - s != 1 or len(r.token_ids) + kmax > r.max_context for r, s in zip(reqs, starts)):
         return drafts
