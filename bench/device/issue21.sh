@@ -15,6 +15,8 @@
 #    speculation at every size, the default drafter and n-gram (round ms, Draft call ms, the drafter's own ms).
 # G: F's split-direct rows alone, then again with every service process switching threads every 0.5 ms instead of
 #    Python's 5 ms (a sitecustomize.py on PYTHONPATH; an experiment, not a setting): is the Draft call's wait the GIL?
+# H: the split-direct stack at concurrency 1, T 0.7, with the verifier and the drafter sampled by py-spy record
+#    (raw stacks into pyspy-*.txt; carry [".carry/env", ".whl"]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -75,5 +77,17 @@ case "${PART:-A}" in
         grep -E '^\{' "$OUT/$name-direct-$d-$variant.log" | cut -c1-220; echo "$d $variant done at $SECONDS s"
       done
     done ;;
+  H)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    (until pgrep -f 'cli.main drafter' >/dev/null && pgrep -f 'cli.main verifier' >/dev/null; do sleep 1; done
+     sleep ${SPY_AFTER:-50}
+     for svc in verifier drafter; do
+       py-spy record -r 500 -d 20 -f raw -o "$OUT/pyspy-$svc.txt" --pid "$(pgrep -f "cli.main $svc" | head -1)" \
+         > /dev/null 2>&1 &
+     done; wait) &
+    timeout 200 python3 -m cli.main bench-serve --name "$name-served-t07-spy" --servers tandem-split-direct \
+      --concurrency 1 --temperatures 0.7 --num-prompts 64 --max-tokens 128 --client-processes 1 --attention torch \
+      --device cuda --out-dir "$OUT" > "$OUT/$name-spy.log" 2>&1
+    wait; grep -E '^\{' "$OUT/$name-spy.log" | cut -c1-220; wc -l "$OUT"/pyspy-*.txt ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
