@@ -45,6 +45,7 @@ class ServerOptions:
     k: int
     max_batch: int
     device: str | None = None
+    drafter_device: str | None = None  # Tandem's split stacks: the drafter's own device (default: device)
     dtype: str | None = None
     attention: str = "auto"      # Tandem's services (TANDEM_ATTENTION)
     max_model_len: int = 4096
@@ -66,6 +67,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
     cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated",
                       direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
                       model=opts.model, device=opts.device, dtype=opts.dtype,
+                      drafter_device=None if name == "tandem-colocated" else opts.drafter_device,
                       extra_env={"TANDEM_ATTENTION": opts.attention},
                       gateway_flags={"max_batch_size": opts.max_batch})
     stack = Stack(cfg)

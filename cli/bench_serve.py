@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (EOS ignored; default 128)")
     p.add_argument("--temperatures", type=_csv(float), default=[0.0], help="comma-separated (default 0)")
     p.add_argument("--client-processes", type=int, default=2, help="client processes (default 2)")
+    p.add_argument("--drafter-device", help="the split stacks' drafter device (default --device), e.g. cuda:1")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
     p.add_argument("--seed", type=int, default=0,
                    help="request i samples with seed SEED + i (and Poisson arrivals draw from SEED); default 0")
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     env = environment()
     rows = _in_process(args, settings, prompts_for, model_spec) if args.in_process else []
     opts = ServerOptions(model=settings.model, draft=settings.draft, k=settings.k, max_batch=max(args.concurrency),
-                         device=settings.device, dtype=settings.dtype, attention=settings.attention,
+                         device=settings.device, drafter_device=args.drafter_device, dtype=settings.dtype,
+                         attention=settings.attention,
                          max_model_len=max(len(p) for p in pool) + args.max_tokens + 64)
     for name in args.servers:
         with start(name, opts) as served:

@@ -29,6 +29,8 @@ def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051)
                         "drafter PATH (default auto)")
     p.add_argument("--model", help="target GGUF file, Hugging Face directory or synthetic:NAME (default SmolLM2)")
     p.add_argument("--device", help="cpu or cuda[:N] (default cuda when present)")
+    p.add_argument("--drafter-device", help="split mode: the drafters' device (default --device), e.g. cuda:1, a "
+                                            "GPU of their own")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV dtype (default float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--k", type=int, help="default draft tokens per round")
@@ -67,10 +69,11 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         port = free_block(1 + args.verifiers + (0 if args.colocated else args.drafters))
     if bool(args.api_tls_cert_file) != bool(args.api_tls_key_file):
         raise ValueError("--api-tls-cert-file, --api-tls-key-file: client-facing TLS needs both")
-    if args.colocated and args.direct_draft:
-        raise ValueError("--direct-draft: split mode only (a co-located verifier drafts itself)")
+    if args.colocated and (args.direct_draft or args.drafter_device):
+        flag = "--direct-draft" if args.direct_draft else "--drafter-device"
+        raise ValueError(f"{flag}: split mode only (a co-located verifier drafts itself)")
     return StackConfig(port=port, colocated=args.colocated, direct_draft=args.direct_draft, draft=args.draft, model=args.model,
-                       device=args.device, dtype=args.dtype, k=args.k, max_k=args.max_k,
+                       device=args.device, drafter_device=args.drafter_device, dtype=args.dtype, k=args.k, max_k=args.max_k,
                        kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
                        verifiers=args.verifiers, drafters=args.drafters, host=args.host, insecure=args.insecure,
                        api_keys_file=args.api_keys_file, api_tls_cert_file=args.api_tls_cert_file,

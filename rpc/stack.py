@@ -81,6 +81,7 @@ class StackConfig:
     draft: str = "auto"
     model: str | None = None
     device: str | None = None
+    drafter_device: str | None = None  # the drafters' (default: device), e.g. cuda:1 for a GPU of their own
     dtype: str | None = None
     k: int | None = None
     max_k: int | None = None
@@ -215,8 +216,9 @@ class Stack:
                                                       metrics_port=mports.get(name), **engine,
                                                       **self._security(name))
         for name in c.names("drafter"):
+            own = {**engine, "device": c.drafter_device or c.device}
             cmds[name] = base + ["drafter"] + _flags(drafter_port=ports[name], draft=c.draft,
-                                                     metrics_port=mports.get(name), **engine, **self._security(name))
+                                                     metrics_port=mports.get(name), **own, **self._security(name))
         cmds["gateway"] = base + ["gateway"] + _flags(**{
             "gateway_port": c.port,
             "verifier_address": ",".join(f"localhost:{ports[n]}" for n in c.names("verifier")),

@@ -79,3 +79,11 @@ def test_one_k_rule_everywhere(monkeypatch, argv):
         settings_from(_parsed(*argv, "--k", "40"), cls)
     monkeypatch.setenv("TANDEM_K", "10")
     assert settings_from(_parsed(*argv), cls).max_k == 10
+
+
+def test_a_verifier_takes_an_embedded_drafter_or_a_drafter_service_not_both():
+    from verifier_svc.settings import VerifierSettings
+
+    assert VerifierSettings(drafter_address="localhost:50053", insecure=True).draft == "none"
+    with pytest.raises(ValueError, match="draft.*drafter_address"):
+        VerifierSettings(draft="ngram", drafter_address="localhost:50053", insecure=True)

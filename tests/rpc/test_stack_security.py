@@ -69,3 +69,29 @@ def test_a_keys_file_given_is_used_and_insecure_makes_nothing(tmp_path):
     assert stack.credentials is None
     assert all(f.get("insecure") is True and "tls-cert-file" not in f for f in cmds.values())
     assert cmds["verifier"]["host"] == "127.0.0.1"
+
+
+def test_direct_draft_wires_each_verifier_to_a_drafter_and_the_drafter_device_goes_to_drafters_alone():
+    """--direct-draft: verifier i calls drafter i mod drafters (its certificate is a client one too: mutual TLS both
+    ways), the gateway runs no rounds of its own; --drafter-device reaches the drafters only."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    stack = Stack(StackConfig(port=40000, verifiers=3, drafters=2, direct_draft=True, device="cuda:0",
+                              drafter_device="cuda:1"))
+    try:
+        cmds = {name: _flags(argv) for name, argv in stack.commands().items()}
+        ports = stack.cfg.ports
+        for i, name in enumerate(["verifier", "verifier-1", "verifier-2"]):
+            drafter = ["drafter", "drafter-1"][i % 2]
+            assert cmds[name]["drafter-address"] == f"localhost:{ports[drafter]}"
+            assert cmds[name]["draft"] == "none" and cmds[name]["device"] == "cuda:0"
+        assert cmds["drafter"]["device"] == cmds["drafter-1"]["device"] == "cuda:1"
+        assert cmds["gateway"]["colocated"] is True
+        cert = x509.load_pem_x509_certificate(stack.credentials.files["verifier"].cert_file.read_bytes())
+        usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+        assert usages == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    finally:
+        stack.stop()
+    plain = Stack(StackConfig(port=40000, insecure=True))
+    assert "drafter-address" not in _flags(plain.commands()["verifier"])
