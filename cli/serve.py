@@ -20,10 +20,11 @@ def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051)
                         "is an error")
     p.add_argument("--colocated", action="store_true",
                    help="no drafter service: the verifier drafts itself and runs whole rounds (Step)")
-    p.add_argument("--direct-draft", action="store_true",
+    p.add_argument("--direct-draft", action=argparse.BooleanOptionalAction, default=True,
                    help="split mode: each verifier calls its drafter itself and runs the rounds back to back, as "
-                        "co-located serving does (the gateway never calls a drafter); verifier i drafts on drafter "
-                        "i mod --drafters. Off: the gateway runs each round (Draft, then Verify)")
+                        "co-located serving does; the gateway never calls a drafter; verifier i drafts on drafter "
+                        "i mod --drafters (default). --no-direct-draft: the gateway runs each round (Draft, then "
+                        "Verify), any drafter replica serving any verifier, early drafts")
     p.add_argument("--draft", default="auto",
                    help="auto (the trained drafter shipped for the model, else ngram), ngram[:N], layerskip:N or a "
                         "drafter PATH (default auto)")
@@ -69,10 +70,13 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         port = free_block(1 + args.verifiers + (0 if args.colocated else args.drafters))
     if bool(args.api_tls_cert_file) != bool(args.api_tls_key_file):
         raise ValueError("--api-tls-cert-file, --api-tls-key-file: client-facing TLS needs both")
-    if args.colocated and (args.direct_draft or args.drafter_device):
-        flag = "--direct-draft" if args.direct_draft else "--drafter-device"
-        raise ValueError(f"{flag}: split mode only (a co-located verifier drafts itself)")
-    return StackConfig(port=port, colocated=args.colocated, direct_draft=args.direct_draft, draft=args.draft, model=args.model,
+    if args.colocated and args.drafter_device:
+        raise ValueError("--drafter-device: split mode only (a co-located verifier drafts itself)")
+    direct = args.direct_draft and not args.colocated
+    if direct and args.drafters > args.verifiers:
+        raise ValueError(f"--drafters: {args.drafters} drafters for {args.verifiers} verifiers would leave some idle "
+                         "(with --direct-draft each verifier calls one drafter); add verifiers or --no-direct-draft")
+    return StackConfig(port=port, colocated=args.colocated, direct_draft=direct, draft=args.draft, model=args.model,
                        device=args.device, drafter_device=args.drafter_device, dtype=args.dtype, k=args.k, max_k=args.max_k,
                        kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
                        verifiers=args.verifiers, drafters=args.drafters, host=args.host, insecure=args.insecure,
@@ -128,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
         if not stack.wait_ready(stop=lambda: stopping):
             print("tandem serve: stopped while starting", file=sys.stderr)
             return 0
-        mode = "co-located" if args.colocated else "split, verifiers call their drafters" if args.direct_draft \
-            else "split"
+        mode = "co-located" if args.colocated else "split" if args.direct_draft else "split, rounds run by the gateway"
         print(f"tandem serve: ready at {stack.cfg.host}:{stack.cfg.port} ({mode}; services: "
               + ", ".join(f"{n} pid {p.pid}" for n, p in stack.procs.items()) + "). Ctrl-C stops.", flush=True)
         while not stopping:
