@@ -7,7 +7,7 @@
 # B: the co-located stack at concurrency 64, then the split stack's rounds at batch 8 with the n-gram drafter, early
 #    drafts on and off (tandem bench-services), with the verifier's and the gateway's Python stacks sampled meanwhile (py-spy dump, from the carried .whl:
 #    carry [".carry/env", ".whl"]) into pyspy.txt.
-# D: tandem bench-serve, greedy: co-located, split with the verifier calling its drafter (--direct-draft) and split
+# D: tandem bench-serve, greedy (TEMPS=0,0.7: and sampled): co-located, split with the verifier calling its drafter (--direct-draft) and split
 #    with the gateway running the rounds, beside the in-process engine (as A, one temperature).
 # E: speculation at every batch size (TANDEM_SPEC_MAX_BATCH=none) co-located vs split --direct-draft, c 8 and 64
 #    greedy, and c 1 at T 0.7; then the GPU tests of padded verify rounds.
@@ -17,6 +17,8 @@
 #    Python's 5 ms (a sitecustomize.py on PYTHONPATH; an experiment, not a setting): is the Draft call's wait the GIL?
 # H: the split-direct stack at concurrency 1, T 0.7, with the verifier and the drafter sampled by py-spy record
 #    (raw stacks into pyspy-*.txt; carry [".carry/env", ".whl"]).
+# I (a machine with two GPUs, nvidia-h100-x2): D's co-located stack on cuda:0 beside the split stack (--direct-draft)
+#    with its drafter on cuda:1, greedy, and the in-process engine.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -42,10 +44,17 @@ case "${PART:-A}" in
     kill $spy; grep -E '^\{' "$OUT/$name-split-bs8.log" | cut -c1-200; echo "split done at $SECONDS s" ;;
   D)
     timeout 590 python3 -m cli.main bench-serve --name "$name-served-direct" \
-      --servers tandem-colocated,tandem-split-direct,tandem-split --concurrency 1,8,64 --temperatures 0 \
+      --servers tandem-colocated,tandem-split-direct,tandem-split --concurrency 1,8,64 --temperatures ${TEMPS:-0} \
       --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
       > "$OUT/$name-served-direct.log" 2>&1
     grep -E '^\{' "$OUT/$name-served-direct.log" | cut -c1-220; echo "served done at $SECONDS s" ;;
+  I)
+    timeout 590 python3 -m cli.main bench-serve --name "$name-served-2gpu" \
+      --servers tandem-colocated,tandem-split-direct --drafter-device cuda:1 --concurrency 1,8,64 --temperatures 0 \
+      --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda:0 --out-dir "$OUT" \
+      > "$OUT/$name-served-2gpu.log" 2>&1
+    grep -E '^\{' "$OUT/$name-served-2gpu.log" | cut -c1-220; nvidia-smi --query-gpu=index,name --format=csv,noheader
+    echo "done at $SECONDS s" ;;
   E)
     TANDEM_SPEC_MAX_BATCH=none timeout 330 python3 -m cli.main bench-serve --name "$name-served-spec" \
       --servers tandem-colocated,tandem-split-direct --concurrency 8,64 --temperatures 0 \
