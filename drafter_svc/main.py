@@ -29,6 +29,9 @@ def build(settings: DrafterSettings, config: EngineConfig) -> DrafterEngine:
     from engine.drafters import DraftSpec, build_drafter, resolve_draft
     from engine.models.loader import load_model
 
+    from engine.factory import use_device
+
+    use_device(config.device)
     spec = DraftSpec.parse(settings.draft)
     if spec.kind == "none":
         raise ValueError("draft: the drafter service needs a drafter (auto, ngram[:N], layerskip:N or PATH)")

@@ -19,6 +19,14 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def use_device(device: str) -> None:
+    """Make ``cuda:N`` the process's current CUDA device: a graph captured on a device that is not the current
+    one fails (the capture stream and the allocations would belong to different devices)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)
+
+
 def default_dtype(device: str) -> str:
     return "float32" if device == "cpu" else "bfloat16"
 
@@ -36,6 +44,7 @@ def build_engine(model: str | Path | None, draft: str | DraftSpec, config: Engin
     """``config.kv_cache_tokens`` None: each runner sizes its cache from the device's default budget. ``drafter``:
     builds the drafter from the loaded target instead of ``draft`` (which must then be none), e.g. a drafter
     service the verifier calls (verifier_svc/remote_drafter.py)."""
+    use_device(config.device)
     path = model_source(model, quiet=not progress)
     spec = draft if isinstance(draft, DraftSpec) else DraftSpec.parse(draft)
     target = load_model(path, device=config.device, dtype=config.torch_dtype, progress=progress)

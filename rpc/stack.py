@@ -278,10 +278,11 @@ class Stack:
                 while True:
                     if stop():
                         return False
-                    if self.procs[name].poll() is not None:
-                        log = self.log_path(name)
-                        raise RuntimeError(f"{name} exited with code {self.procs[name].returncode} while starting"
-                                           + (f"; its log: {log}" if log else ""))
+                    for other, proc in self.procs.items():  # any of them: a verifier waits for its drafter
+                        if proc.poll() is not None:
+                            log = self.log_path(other)
+                            raise RuntimeError(f"{other} exited with code {proc.returncode} while starting"
+                                               + (f"; its log: {log}" if log else ""))
                     try:
                         if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
                                 health_pb2.HealthCheckResponse.SERVING:

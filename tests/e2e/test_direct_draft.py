@@ -85,3 +85,10 @@ def test_a_killed_drafter_costs_drafts_not_requests(stack, reference):
     assert _drafted(stack) > before  # drafting resumed on the restarted drafter
     m = metrics(stack, "verifier")
     assert m['tandem_verifier_draft_calls_total{outcome="failed"}'] >= 1
+
+
+def test_a_drafter_that_cannot_start_fails_the_start_at_once():
+    """The verifier waits for its drafter; a drafter that exits meanwhile ends the stack's start with its name, not
+    after the verifier's wait (--drafter-connect-s) runs out."""
+    with pytest.raises(RuntimeError, match="drafter exited with code"):
+        start_stack(direct_draft=True, draft="none")  # the drafter service refuses to run without a drafter
