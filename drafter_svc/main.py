@@ -27,9 +27,8 @@ def build(settings: DrafterSettings, config: EngineConfig) -> DrafterEngine:
     """Load only the part of the target the drafter needs."""
     from engine.assets import default_model_path
     from engine.drafters import DraftSpec, build_drafter, resolve_draft
-    from engine.models.loader import load_model
-
     from engine.factory import use_device
+    from engine.models.loader import load_model
 
     use_device(config.device)
     spec = DraftSpec.parse(settings.draft)

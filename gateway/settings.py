@@ -19,7 +19,9 @@ class GatewaySettings(ServerSettings, DraftLengthSettings):
                                                                 "resolved again (replicas come and go)")
     verifier_probe_s: float = Field(1.0, gt=0, description="health-check period of each verifier replica; one that "
                                                             "fails twice in a row is lost and its requests move")
-    colocated: bool = Field(False, description="the verifier drafts itself (Step); no drafter service")
+    colocated: bool = Field(False, description="the verifiers run the rounds over Serve streams: each drafts itself "
+                            "(co-located) or through a drafter service of its own (verifier --drafter-address); the "
+                            "gateway calls no drafter")
     model: str | None = Field(None, description="model whose tokenizer and chat template the gateway uses")
     max_batch_size: int = Field(64, ge=1, description="requests per round")
     max_queue: int = Field(256, ge=0, description="requests waiting beyond the batch before RESOURCE_EXHAUSTED")

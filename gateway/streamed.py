@@ -82,7 +82,7 @@ class Link:
 class StreamedScheduler:
     """The client side of the scheduler (``submit``, ``cancel``) over the verifiers' Serve streams."""
 
-    mode = "colocated"
+    mode = "verifier-rounds"  # the verifier runs the rounds (co-located, or split with its own drafter service)
 
     def __init__(self, verifiers: ReplicaPool[VerifierClient], settings: GatewaySettings,
                  metrics: GatewayMetrics) -> None:
