@@ -77,7 +77,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         raise ValueError(f"--drafters: {args.drafters} drafters for {args.verifiers} verifiers would leave some idle "
                          "(with --direct-draft each verifier calls one drafter); add verifiers or --no-direct-draft")
     return StackConfig(port=port, colocated=args.colocated, direct_draft=direct, draft=args.draft, model=args.model,
-                       device=args.device, drafter_device=args.drafter_device, dtype=args.dtype, k=args.k, max_k=args.max_k,
+                       device=args.device, drafter_device=args.drafter_device, dtype=args.dtype, k=args.k,
+                       max_k=args.max_k,
                        kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
                        verifiers=args.verifiers, drafters=args.drafters, host=args.host, insecure=args.insecure,
                        api_keys_file=args.api_keys_file, api_tls_cert_file=args.api_tls_cert_file,

@@ -17,11 +17,13 @@ is, each until its own deadline (DEADLINE_EXCEEDED then).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 from typing import AsyncIterator
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from engine.request import FinishReason
@@ -138,12 +140,14 @@ class StreamedScheduler:
         if rep is None:  # none up: it waits, its output so far kept, until one is (or its deadline)
             self.parked.append(r)
             if self._unpark is None or self._unpark.done():
-                self._unpark = asyncio.create_task(self._retry_parked(), name="unpark")
+                self._unpark = asyncio.create_task(self._retry_parked(), name="unpark", context=contextvars.Context())
             return
         link = self.links.get(rep)
         if link is None:
             link = self.links[rep] = Link(rep)
-            link.task = asyncio.create_task(self._run(link), name=f"serve-{rep.address}")
+            # a context of its own: the stream serves every client, not the one whose request opened it (its spans
+            # and the Serve call's would otherwise all land in that client's trace)
+            link.task = asyncio.create_task(self._run(link), name=f"serve-{rep.address}", context=contextvars.Context())
         link.out.put_nowait(verifier_pb2.ServeAdmit(
             slot=link.slot_for(r), prompt=tensors.encode(r.prompt_ids, "int32"),
             output=tensors.encode(r.output_ids, "int32"), sampling=convert.sampling_to_pb(r.params)))
@@ -252,7 +256,8 @@ class StreamedScheduler:
         for n in counts:
             if n:
                 self.m.acceptance_length.observe(n)
-        span = tracer.start_span("spec.round", start_time=rr.start_unix_nano)
+        # a root: each round is a trace of its own (sampled alone), linked from its requests' spans
+        span = tracer.start_span("spec.round", context=otel_context.Context(), start_time=rr.start_unix_nano)
         if span.is_recording():
             committed = [n for n in counts if n]
             span.set_attributes({

@@ -212,7 +212,7 @@ class Stack:
             direct = f"localhost:{ports[drafters[i % len(drafters)]]}" if c.direct_draft and drafters else None
             cmds[name] = base + ["verifier"] + _flags(verifier_port=ports[name],
                                                       draft=c.draft if c.colocated else "none",
-                                                      drafter_address=direct,
+                                                      direct_drafter_address=direct,
                                                       metrics_port=mports.get(name), **engine,
                                                       **self._security(name))
         for name in c.names("drafter"):

@@ -42,11 +42,12 @@ async def serve(settings: VerifierSettings) -> None:
     identity = internal_identity(settings)  # before the model loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-verifier")
     built = build_engine(settings.model, settings.draft, settings.engine_config(),
-                         drafter=_remote(settings, identity) if settings.drafter_address else None)
+                         drafter=_remote(settings, identity) if settings.direct_drafter_address else None)
     engine = VerifierEngine(built.decoder, settings.lease_s)
     servicer = VerifierServicer(engine, built.target.config.vocab_size)
+    direct = settings.direct_drafter_address
     log.info("verifier: model %s, %s", built.target.source,
-             f"drafting through {built.decoder.drafter.name} at {settings.drafter_address}" if settings.drafter_address
+             f"drafting through {built.decoder.drafter.name} at {direct}" if direct
              else f"embedded drafter {settings.draft}")
     Gauge("tandem_verifier_prefill_chunks", "verifier: engine calls that ran a part of a Prefill's prompts so far "
           "(--max-round-tokens: a long prompt is prefilled in chunks, other calls run between them)").set_function(
@@ -55,11 +56,11 @@ async def serve(settings: VerifierSettings) -> None:
         policy = built.decoder.fast.policy
         Gauge("tandem_verifier_spec_k", "verifier: the draft length the batch policy chose for the last round "
               "(0: plain decoding; engine/policy.py)").set_function(lambda: policy.last_k)
-    if settings.drafter_address:
+    if settings.direct_drafter_address:
         remote = built.decoder.drafter
         engine_counter("tandem_verifier_draft_calls", "verifier: Draft calls to its drafter service "
-                       "(--drafter-address): sent, of them failed (plain decoding for --drafter-retry-s), and rows "
-                       "resynced (the drafter had lost them: sent again whole)", "outcome", remote.stats)
+                       "(--direct-drafter-address): sent, of them failed (plain decoding for --drafter-retry-s), and "
+                       "rows resynced (the drafter had lost them: sent again whole)", "outcome", remote.stats)
         Gauge("tandem_verifier_draft_call_seconds", "verifier: wall time spent in Draft calls to its drafter service "
               "so far (a running total: serialization, the wire and the drafter's work)").set_function(
             lambda: remote.call_s)
@@ -72,12 +73,12 @@ async def serve(settings: VerifierSettings) -> None:
 
 
 def _remote(settings: VerifierSettings, identity):
-    """The drafter service at ``drafter_address`` as this verifier's drafter, once it answers."""
+    """The drafter service at ``direct_drafter_address`` as this verifier's drafter, once it answers."""
     from verifier_svc.remote_drafter import RemoteDrafter, open_channel
 
     def make(target):
-        ch = open_channel(settings.drafter_address, settings.max_message_bytes, identity)
-        return RemoteDrafter(settings.drafter_address, target.config.vocab_size, channel=ch,
+        ch = open_channel(settings.direct_drafter_address, settings.max_message_bytes, identity)
+        return RemoteDrafter(settings.direct_drafter_address, target.config.vocab_size, channel=ch,
                              timeout_s=settings.draft_timeout_s, retry_s=settings.drafter_retry_s,
                              feature_window=settings.feature_window, connect_timeout_s=settings.drafter_connect_s)
     return make

@@ -1,7 +1,7 @@
 """A drafter service as the verifier's own drafter: split mode with the rounds run by the verifier.
 
-``tandem verifier --drafter-address HOST:PORT`` drafts through this class instead of an embedded drafter. It
-is an engine ``Drafter``: the decoder asks it for a round's drafts exactly as it asks an embedded one, and it
+``tandem verifier --direct-drafter-address HOST:PORT`` drafts through this class instead of an embedded drafter.
+It is an engine ``Drafter``: the decoder asks it for a round's drafts exactly as it asks an embedded one, and it
 sends one ``DraftRequest`` to the drafter service for all the round's rows, over a ``DraftStream`` kept
 open across rounds (no per-call setup on the round's path). So the verifier runs rounds back
 to back for its Serve streams as co-located serving does; the gateway never calls the drafter, and a round
@@ -84,7 +84,7 @@ class RemoteDrafter:
                 return self.stub.Describe(drafter_pb2.DescribeRequest(), timeout=5.0, wait_for_ready=True)
             except grpc.RpcError as exc:
                 if time.monotonic() >= deadline:
-                    raise DrafterUnavailable(f"drafter_address: no drafter answered at {self.address} within "
+                    raise DrafterUnavailable(f"direct_drafter_address: no drafter answered at {self.address} within "
                                              f"{timeout_s:.0f} s ({exc.code().name}: {exc.details()})") from None
                 log.info("verifier: waiting for the drafter at %s (%s)", self.address, exc.code().name)
                 time.sleep(1.0)

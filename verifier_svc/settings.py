@@ -10,21 +10,22 @@ from rpc.settings import ServiceEngineSettings
 class VerifierSettings(ServiceEngineSettings):
     verifier_port: int = Field(50052, ge=0, le=65535, description="gRPC port of the verifier")
     draft: str = Field("none", description="embedded drafter for co-located Step (none: split mode only)")
-    drafter_address: str | None = Field(None, description="host:port of a drafter service this verifier calls itself "
-                                        "each round (split mode with the rounds run here, over Serve streams, as "
-                                        "co-located; draft must be none); none: no drafter of its own")
-    draft_timeout_s: float = Field(2.0, gt=0, description="deadline of a Draft call to drafter_address; a late or "
-                                   "failed one means plain decoding for that round")
+    # not drafter_address: the gateway's TANDEM_DRAFTER_ADDRESS (one ConfigMap for all three) must not reach it
+    direct_drafter_address: str | None = Field(
+        None, description="host:port of a drafter service this verifier calls itself each round (split mode with the "
+        "rounds run here, over Serve streams, as co-located; draft must be none); none: no drafter of its own")
+    draft_timeout_s: float = Field(2.0, gt=0, description="deadline of a Draft call to direct_drafter_address; a "
+                                   "late or failed one means plain decoding for that round")
     drafter_retry_s: float = Field(1.0, gt=0, description="after a failed Draft call, rounds decode plainly this "
                                    "long before the drafter is called again")
-    drafter_connect_s: float = Field(300.0, gt=0, description="how long start-up waits for drafter_address to "
-                                     "answer (it tells the verifier which target features it drafts from)")
-    feature_window: int = Field(1024, ge=1, description="a feature-fed drafter at drafter_address gets at most this "
-                                "many of a request's latest target features at once")
+    drafter_connect_s: float = Field(300.0, gt=0, description="how long start-up waits for direct_drafter_address "
+                                     "to answer (it tells the verifier which target features it drafts from)")
+    feature_window: int = Field(1024, ge=1, description="a feature-fed drafter at direct_drafter_address gets at "
+                                "most this many of a request's latest target features at once")
 
     @model_validator(mode="after")
     def _one_drafter(self):
-        if self.drafter_address and self.draft.strip() != "none":
-            raise ValueError(f"draft: {self.draft!r} and drafter_address: give one (an embedded drafter, or a drafter "
-                             "service the verifier calls)")
+        if self.direct_drafter_address and self.draft.strip() != "none":
+            raise ValueError(f"draft: {self.draft!r} and direct_drafter_address: give one (an embedded drafter, or a "
+                             "drafter service the verifier calls)")
         return self

@@ -86,3 +86,25 @@ def test_rpc_spans_are_children_across_services(traced):
     assert verify_parents == {r.span_id for r in rounds}  # every round verified exactly once
     prefills = [s for s in spans if s.name == "tandem.v1.Verifier/Prefill" and s.kind == "SERVER"]
     assert prefills and all(by_id[by_id[p.parent_span_id].parent_span_id].name == "spec.prefill" for p in prefills)
+
+
+def test_rounds_are_sampled_by_the_standard_sampler_variables_in_split_mode_with_direct_draft():
+    """OTEL_TRACES_SAMPLER / _ARG thin the round spans (each round is a trace of its own): at a ratio of 0.5 some
+    rounds of a stream are exported and some are not, and the stream is served the same. The stack is split mode
+    with the verifier calling its drafter (tandem serve's default), so its round spans say who ran the rounds."""
+    with OtlpReceiver() as rx:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true",
+               "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_TRACES_SAMPLER": "traceidratio",
+               "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+        stack = start_stack(draft="ngram", k=3, direct_draft=True, extra_env=env)
+        try:
+            ids, _, last = run(generate(stack.gateway, chat_request("Count from one to forty in words.", 64,
+                                                                    ignore_eos=True)))
+        finally:
+            stack.stop()
+        total = last.usage.rounds - 1  # the prefill is not a round of its own
+        rx.wait_for(lambda s: any(x.name == "spec.round" for x in s))
+        rounds = [s for s in rx.spans if s.name == "spec.round" and s.service_name == "tandem-gateway"]
+    assert len(ids) == 64 and total >= 16
+    assert 0 < len(rounds) < total, f"{len(rounds)} of {total} round spans exported at ratio 0.5"
+    assert {r.attributes["spec.mode"] for r in rounds} == {"verifier-rounds"}

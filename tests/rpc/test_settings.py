@@ -84,6 +84,14 @@ def test_one_k_rule_everywhere(monkeypatch, argv):
 def test_a_verifier_takes_an_embedded_drafter_or_a_drafter_service_not_both():
     from verifier_svc.settings import VerifierSettings
 
-    assert VerifierSettings(drafter_address="localhost:50053", insecure=True).draft == "none"
-    with pytest.raises(ValueError, match="draft.*drafter_address"):
-        VerifierSettings(draft="ngram", drafter_address="localhost:50053", insecure=True)
+    assert VerifierSettings(direct_drafter_address="localhost:50053", insecure=True).draft == "none"
+    with pytest.raises(ValueError, match="draft.*direct_drafter_address"):
+        VerifierSettings(draft="ngram", direct_drafter_address="localhost:50053", insecure=True)
+
+
+def test_the_gateways_drafter_address_does_not_reach_a_verifier(monkeypatch):
+    """One ConfigMap sets TANDEM_DRAFTER_ADDRESS for the gateway: a verifier reads it not as a drafter of its own."""
+    from verifier_svc.settings import VerifierSettings
+
+    monkeypatch.setenv("TANDEM_DRAFTER_ADDRESS", "tandem-drafter:50053")
+    assert VerifierSettings(draft="ngram", insecure=True).direct_drafter_address is None

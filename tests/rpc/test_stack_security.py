@@ -84,7 +84,7 @@ def test_direct_draft_wires_each_verifier_to_a_drafter_and_the_drafter_device_go
         ports = stack.cfg.ports
         for i, name in enumerate(["verifier", "verifier-1", "verifier-2"]):
             drafter = ["drafter", "drafter-1"][i % 2]
-            assert cmds[name]["drafter-address"] == f"localhost:{ports[drafter]}"
+            assert cmds[name]["direct-drafter-address"] == f"localhost:{ports[drafter]}"
             assert cmds[name]["draft"] == "none" and cmds[name]["device"] == "cuda:0"
         assert cmds["drafter"]["device"] == cmds["drafter-1"]["device"] == "cuda:1"
         assert cmds["gateway"]["colocated"] is True
@@ -94,4 +94,4 @@ def test_direct_draft_wires_each_verifier_to_a_drafter_and_the_drafter_device_go
     finally:
         stack.stop()
     plain = Stack(StackConfig(port=40000, insecure=True))
-    assert "drafter-address" not in _flags(plain.commands()["verifier"])
+    assert "direct-drafter-address" not in _flags(plain.commands()["verifier"])
