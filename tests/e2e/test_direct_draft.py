@@ -8,13 +8,8 @@ import asyncio
 
 import pytest
 
-from engine.config import SamplingParams
-from tests.conftest import make_decoder
 from tests.e2e.conftest import chat_request, generate, metrics, run, start_stack
-
-TEXTS = ["Tell me about the moon.", "Describe a cat in detail.", "Explain how rain forms.",
-         "Write a short story about a robot."]
-N = 48
+from tests.e2e.test_eagle_split import N, TEXTS, reference  # noqa: F401 (reference: plain greedy, a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +17,6 @@ def stack():
     s = start_stack(k=4, direct_draft=True)  # --draft auto
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(smollm):
-    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
-    outs = make_decoder(smollm, "none").generate(prompts, SamplingParams(max_tokens=N, ignore_eos=True))
-    return [o.new_token_ids for o in outs]
 
 
 async def _all(gateway, **sampling):
