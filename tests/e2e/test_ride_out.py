@@ -37,9 +37,10 @@ def _health(stack: Stack) -> int:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
 
 
-@pytest.mark.parametrize("colocated", [False, True], ids=["split", "colocated"])
-def test_streams_ride_out_a_verifier_restart(reference, colocated):
-    stack = start_stack(draft="ngram", k=4, colocated=colocated, gateway_flags={"verifier_probe_s": 0.3})
+@pytest.mark.parametrize("mode", [{}, {"direct_draft": True}, {"colocated": True}],
+                         ids=["split", "split-direct", "colocated"])
+def test_streams_ride_out_a_verifier_restart(reference, mode):
+    stack = start_stack(draft="ngram", k=4, gateway_flags={"verifier_probe_s": 0.3}, **mode)
     try:
         seen_down = []
 
