@@ -10,6 +10,7 @@ import pytest
 
 from tests.e2e.conftest import chat_request, generate, metrics, run, start_stack
 from tests.e2e.test_eagle_split import N, TEXTS, reference  # noqa: F401 (reference: plain greedy, a fixture)
+from tests.e2e.test_faults import _wait_for
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,26 @@ def test_a_drafter_that_cannot_start_fails_the_start_at_once():
     after the verifier's wait (--drafter-connect-s) runs out."""
     with pytest.raises(RuntimeError, match="drafter exited with code"):
         start_stack(direct_draft=True, draft="none")  # the drafter service refuses to run without a drafter
+
+
+def test_a_cancelled_stream_frees_its_state_on_both_services(stack):
+    """A client that goes away mid-stream: the verifier frees the request's KV and tells the drafter, which drops
+    its history and the head's KV."""
+    async def cancel_one():
+        from protos.tandem.v1 import gateway_pb2_grpc
+
+        async with stack.gateway.channel() as ch:
+            call = gateway_pb2_grpc.GatewayStub(ch).Generate(chat_request(TEXTS[2], 2000, ignore_eos=True),
+                                                             metadata=stack.gateway.metadata)
+            n = 0
+            async for _ in call:
+                n += 1
+                if n == 4:  # a few rounds in: the drafter holds the request too
+                    break
+            held = (await asyncio.to_thread(metrics, stack, "drafter"))["tandem_drafter_running"]
+            call.cancel()
+            return held
+
+    assert run(cancel_one()) >= 1
+    _wait_for(lambda: metrics(stack, "verifier")["tandem_verifier_running"] == 0, what="the verifier's KV freed")
+    _wait_for(lambda: metrics(stack, "drafter")["tandem_drafter_running"] == 0, what="the drafter's state freed")
