@@ -227,7 +227,7 @@ class StreamedScheduler:
         finish = tensors.to_numpy(rr.finish, "finish").tolist()
         offsets = tensors.to_numpy(rr.text_offsets, "text_offsets").tolist()
         text = rr.text
-        reqs, at = [], 0
+        reqs, rows, done, at = [], [], [], 0
         for i, slot in enumerate(slots):
             n = counts[i]
             committed, at = tokens[at: at + n], at + n
@@ -235,17 +235,21 @@ class StreamedScheduler:
             if r is None or r.finished:  # cancelled while the round ran: its output is dropped
                 continue
             reqs.append(r)
+            rows.append(i)
             reason = convert.finish_from_pb(finish[i])
             self.delivery.commit(r, committed, text[offsets[i]: offsets[i + 1]].decode(), reason, accepted[i],
                                  drafted[i], now)
             if reason is not None:
                 del link.slots[slot]
-                self._end(r)
-        self._observe(rr, reqs, counts, accepted, drafted)
+                done.append(r)
+        self._observe(rr, reqs, rows, counts, accepted, drafted)
+        for r in done:  # after the round's span: a request's last round is linked from its span too
+            self._end(r)
 
-    def _observe(self, rr: verifier_pb2.RoundReport, reqs: list[GatewayRequest], counts: list[int],
+    def _observe(self, rr: verifier_pb2.RoundReport, reqs: list[GatewayRequest], rows: list[int], counts: list[int],
                  accepted: list[int], drafted: list[int]) -> None:
-        """The round's metrics and its span (from the verifier's timings: no round waits on the gateway)."""
+        """The round's metrics (every row it ran) and its span (the rows still wanted: ``reqs``, at ``rows`` of the
+        report), from the verifier's timings: no round waits on the gateway."""
         seconds = rr.duration_ns / 1e9
         self.m.rounds.inc()
         self.m.draft_tokens.inc(sum(drafted))
@@ -259,11 +263,12 @@ class StreamedScheduler:
         # a root: each round is a trace of its own (sampled alone), linked from its requests' spans
         span = tracer.start_span("spec.round", context=otel_context.Context(), start_time=rr.start_unix_nano)
         if span.is_recording():
-            committed = [n for n in counts if n]
+            committed = [counts[i] for i in rows if counts[i]]
+            ks = tensors.to_numpy(rr.k, "k").tolist()
             span.set_attributes({
-                "spec.mode": self.mode, "spec.batch_size": len(counts),
-                "spec.request_ids": [r.request_id for r in reqs], "spec.k": tensors.to_numpy(rr.k, "k").tolist(),
-                "spec.drafted": drafted, "spec.accepted": accepted,
+                "spec.mode": self.mode, "spec.batch_size": len(rows),
+                "spec.request_ids": [r.request_id for r in reqs], "spec.k": [ks[i] for i in rows],
+                "spec.drafted": [drafted[i] for i in rows], "spec.accepted": [accepted[i] for i in rows],
                 "spec.acceptance_length": sum(committed) / len(committed) if committed else 0.0,
                 "spec.draft_ms": 0.0, "spec.verify_ms": seconds * 1e3, "spec.wait_ms": 0.0})
             link = span.get_span_context()

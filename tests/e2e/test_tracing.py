@@ -108,3 +108,30 @@ def test_rounds_are_sampled_by_the_standard_sampler_variables_in_split_mode_with
     assert len(ids) == 64 and total >= 16
     assert 0 < len(rounds) < total, f"{len(rounds)} of {total} round spans exported at ratio 0.5"
     assert {r.attributes["spec.mode"] for r in rounds} == {"verifier-rounds"}
+
+
+def test_where_the_verifier_runs_the_rounds_each_request_links_every_round_it_ran():
+    """Split mode with the verifier calling its drafter (tandem serve's default): every round of a request, its last
+    included, is linked from the request's span, and each round span lists exactly the requests it carried."""
+    with OtlpReceiver() as rx:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true",
+               "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        stack = start_stack(draft="ngram", k=3, direct_draft=True, extra_env=env)
+        try:
+            async def both():
+                return await asyncio.gather(
+                    generate(stack.gateway, chat_request("Name three rivers.", 24, ignore_eos=True)),
+                    generate(stack.gateway, chat_request("Write a limerick.", 40, ignore_eos=True)))
+            results = run(both())
+        finally:
+            stack.stop()
+        spans = rx.wait_for(lambda s: sum(x.name == "tandem.request" for x in s) == 2)
+    rounds = {s.span_id: s for s in spans if s.name == "spec.round"}
+    requests = {s.attributes["tandem.request_id"]: s for s in spans if s.name == "tandem.request"}
+    for _, _, last in results:
+        linked = [rounds[span_id] for _, span_id in requests[last.request_id].links]
+        assert len(linked) == last.usage.rounds
+        assert all(last.request_id in r.attributes["spec.request_ids"] for r in linked)
+    for r in rounds.values():
+        assert len(r.attributes["spec.request_ids"]) == r.attributes["spec.batch_size"] == len(r.attributes["spec.k"])
+        assert r.parent_span_id == ""
