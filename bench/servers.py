@@ -62,7 +62,8 @@ def start(name: str, opts: ServerOptions) -> Iterator[Served]:
 
 @contextmanager
 def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
-    from rpc.stack import Stack, StackConfig, free_block
+    from rpc.ports import free_block
+    from rpc.stack import Stack, StackConfig
 
     cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated",
                       direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
@@ -81,7 +82,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
 
 @contextmanager
 def _vllm(name: str, opts: ServerOptions) -> Iterator[Served]:
-    from rpc.stack import free_block
+    from rpc.ports import free_block
 
     from engine.assets import default_model_path
 

@@ -12,7 +12,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from rpc.stack import Stack, StackConfig, free_block
+from rpc.ports import free_block
+from rpc.stack import Stack, StackConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import signal
 import sys
 import time
 
-from rpc.stack import Stack, StackConfig, free_block
+from rpc.ports import free_block
+from rpc.stack import Stack, StackConfig
 from rpc.tls import is_loopback
 
 

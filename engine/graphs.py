@@ -149,8 +149,9 @@ class StepGraphs:
                     max_rows: int | None = None) -> int:
         """Build the buckets of these q_lens now (largest first, so the pool is sized once), those returning
         ``aux_layers`` / reading ``features`` wide feature rows, of at most ``max_rows`` rows (the bucket holding
-        that many; None: every bucket); returns how many buckets there are."""
+        that many; None: every bucket); returns how many it built (buckets already there are kept)."""
         top = next((b for b in self.batch_buckets if max_rows is not None and b >= max_rows), self.batch_buckets[-1])
+        before = len(self._buckets)
         for q_len in q_lens:
             for rows in reversed([b for b in self.batch_buckets if b <= top]):
                 if q_len > 1 and rows * q_len > MAX_GRAPH_TOKENS:
@@ -158,7 +159,7 @@ class StepGraphs:
                 for ctx in reversed(self.context_buckets):
                     if (rows, q_len, ctx, aux_layers, features) not in self._buckets:
                         self._build(rows, q_len, ctx, aux_layers, features)
-        return len(self._buckets)
+        return len(self._buckets) - before
 
     def _compute(self, bucket: _Bucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         model = self.runner.model

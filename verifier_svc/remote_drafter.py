@@ -30,7 +30,7 @@ from typing import Sequence
 import grpc
 import torch
 
-from engine.drafters.base import DraftProposal, DraftRequest
+from engine.drafters.base import DraftProposal, DraftRequest, FeatureQueue
 from protos.tandem.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from rpc import convert, tensors
 from rpc.server import client_options
@@ -58,14 +58,13 @@ class RemoteDrafter:
                  retry_s: float = 1.0, feature_window: int = 1024, connect_timeout_s: float = 300.0) -> None:
         self.address = address
         self.vocab = vocab_size
-        self.channel = channel
         self.stub = drafter_pb2_grpc.DrafterStub(channel)
         self.timeout = timeout_s
         self.retry_s = retry_s
         self.window = feature_window
         self.tag = secrets.token_hex(4)   # this process's prefix for its request ids on the drafter
-        self.sent: dict[str, int] = {}    # committed tokens of each request the drafter holds
-        self.keys: dict[str, str] = {}    # each running request's id on the drafter (``_key``)
+        self.sent: dict[str, int] = {}    # committed tokens of each request the drafter is known to hold
+        self.keys: dict[str, str] = {}    # the id on the drafter of each request ever sent to it (``_key``)
         self.serial = 0
         self.down_until = 0.0              # monotonic time before which no Draft is sent
         self.calls = self.failures = self.resyncs = 0
@@ -103,10 +102,7 @@ class RemoteDrafter:
                                      tokens=tensors.encode(r.token_ids[start:], "int32"), k=r.k,
                                      sampling=convert.sampling_to_pb(r.params))
         if r.features is not None and r.features.shape[0]:
-            feats, fstart = r.features, r.features_start
-            if feats.shape[0] > self.window:
-                fstart += feats.shape[0] - self.window
-                feats = feats[-self.window:]
+            fstart, feats = FeatureQueue(r.features_start, r.features).take(self.window)  # the latest ``window``
             item.features.CopyFrom(tensors.encode(feats, "bfloat16"))
             item.features_start = fstart
         return item
@@ -122,8 +118,9 @@ class RemoteDrafter:
             self.failures += 1
             self.down_until = time.monotonic() + self.retry_s
             self.sent.clear()  # whatever it held may be gone: the next call resends every history
-            self._stream.close()  # a late answer must not be read as the next call's
-            self._stream = None
+            if self._stream is not None:
+                self._stream.close()  # a late answer must not be read as the next call's
+                self._stream = None
             why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
             log.warning("verifier: Draft to %s failed (%s); plain decoding for %.1f s", self.address, why,
                         self.retry_s)
@@ -169,9 +166,11 @@ class RemoteDrafter:
         return DraftProposal(tokens, probs)
 
     def release(self, request_id: str) -> None:
-        """Forget the request here and tell the drafter without waiting (its lease frees it if this is lost)."""
+        """Forget the request here and tell the drafter without waiting (its lease frees it if this is lost): also
+        after a failed call, which may have left the request's history there."""
+        self.sent.pop(request_id, None)
         key = self.keys.pop(request_id, None)
-        if self.sent.pop(request_id, None) is None or key is None:
+        if key is None:
             return
         future = self.stub.Release.future(common_pb2.ReleaseRequest(request_ids=[key]), timeout=self.timeout)
         future.add_done_callback(_log_failure)

@@ -71,12 +71,13 @@ class EagleDrafter:
     def capture_prefills(self) -> int:
         """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests; and
         the steps ``propose`` replays for small batches (a catch-up of 1 .. k + 1 entries, the draft chain's
-        single ones) up to ``STEP_CAPTURE_ROWS`` rows: a drafter service drafts every round through them."""
+        single ones) up to ``STEP_CAPTURE_ROWS`` rows: a drafter service drafts every round through them. Returns
+        how many graphs it captured."""
         n = self.runner.capture_prefills(features=self.head.config.hidden_size)
         graphs = self.runner.graphs
         if graphs is not None and graphs.capture:
-            graphs.capture_all(tuple(range(1, self.k + 2)), features=self.head.config.hidden_size,
-                               max_rows=STEP_CAPTURE_ROWS)
+            n += graphs.capture_all(tuple(range(1, self.k + 2)), features=self.head.config.hidden_size,
+                                    max_rows=STEP_CAPTURE_ROWS)
         return n
 
     def graph_ready(self, request_id: str, committed: int) -> bool:

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from rpc.stack import Stack, StackConfig, free_block
+from rpc.ports import free_block
+from rpc.stack import Stack, StackConfig
 from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
 from rpc import tensors
 from rpc.gateway_client import GatewayAccess, access

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tests.e2e.conftest import chat_request, generate, metrics, run, start_stack
-from tests.e2e.test_eagle_split import N, TEXTS, reference  # noqa: F401 (reference: plain greedy, a fixture)
+from tests.e2e.test_eagle_split import N, TEXTS, _all, reference  # noqa: F401 (reference: a fixture)
 from tests.e2e.test_faults import _wait_for
 
 
@@ -18,10 +18,6 @@ def stack():
     s = start_stack(k=4, direct_draft=True)  # --draft auto
     yield s
     s.stop()
-
-
-async def _all(gateway, **sampling):
-    return await asyncio.gather(*(generate(gateway, chat_request(t, N, ignore_eos=True, **sampling)) for t in TEXTS))
 
 
 def _drafted(stack) -> float:

@@ -18,7 +18,7 @@ import pytest
 from engine.config import SamplingParams
 from protos.tandem.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from rpc import convert, tensors
-from rpc.stack import free_block
+from rpc.ports import free_block
 from tests.conftest import make_decoder
 from tests.e2e.conftest import chat_request, gateway_command, generate, metrics, run
 from tests.e2e.test_faults import _wait_for

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from rpc.stack import free_block
+from rpc.ports import free_block
 
 
 def tandem(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -16,7 +16,8 @@ import grpc
 import pytest
 import torch
 
-from rpc.stack import Stack, StackConfig, free_block
+from rpc.ports import free_block
+from rpc.stack import Stack, StackConfig
 from engine.config import SamplingParams
 from protos.tandem.v1 import gateway_pb2_grpc
 from rpc import tensors

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.tandem.v1 import gateway_pb2_grpc
 from rpc.certs import LOCAL_HOSTS, CertificateAuthority
 from rpc.gateway_client import GatewayAccess
-from rpc.stack import free_block
+from rpc.ports import free_block
 from tests.e2e.conftest import chat_request, gateway_command, generate, run
 from tests.e2e.test_faults import _wait_for
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rpc.stack import free_block
+from rpc.ports import free_block
 from engine.config import SamplingParams
 from tests.conftest import make_decoder
 
@@ -109,7 +109,7 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
 
 
 def test_services_die_with_a_killed_serve_and_free_their_ports():
-    from rpc.stack import port_in_use
+    from rpc.ports import port_in_use
 
     port = free_block(3)
     serve = _serve(port)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.tandem.v1 import common_pb2, gateway_pb2_grpc
 from rpc import tensors
 from rpc.server import STOP_MARGIN_S
-from rpc.stack import free_block, port_in_use
+from rpc.ports import free_block, port_in_use
 from tests.e2e.conftest import chat_request, start_stack
 
 
