@@ -18,7 +18,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from bench.peers.vllm import ROOT, VLLM_ENGINES, model_dir, peer_env
 from rpc.gateway_client import GatewayAccess
@@ -36,6 +36,15 @@ class Served:
     address: str
     model_name: str = "model"
     gateway: GatewayAccess | None = None  # Tandem: how to reach its gateway (TLS, API key)
+    counters: Callable[[], dict[str, float]] | None = None  # Tandem: its verifier's round counters now
+
+    def counters_during(self, before: dict[str, float]) -> dict[str, float]:
+        """The verifier's round counters gained since ``before`` (a ``counters()`` reading): rows by reason
+        (``rows.<reason>``) and fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``)."""
+        if self.counters is None:
+            return {}
+        return {key: value - before.get(key, 0.0) for key, value in self.counters().items()
+                if value - before.get(key, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
     from rpc.ports import free_block
     from rpc.stack import Stack, StackConfig
 
-    cfg = StackConfig(port=free_block(3), colocated=name == "tandem-colocated",
+    cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), colocated=name == "tandem-colocated",
                       direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
                       model=opts.model, device=opts.device, dtype=opts.dtype,
                       drafter_device=None if name == "tandem-colocated" else opts.drafter_device,
@@ -75,9 +84,23 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
     stack.start()
     try:
         stack.wait_ready()
-        yield Served(name, "grpc", stack.gateway_address, gateway=stack.gateway)
+        yield Served(name, "grpc", stack.gateway_address, gateway=stack.gateway,
+                     counters=lambda: _round_counters(stack.metrics("verifier")))
     finally:
         stack.stop()
+
+
+_COUNTERS = {"tandem_verifier_rows_total": "rows", "tandem_verifier_fused_rounds_total": "fused"}
+
+
+def _round_counters(metrics: dict[str, float]) -> dict[str, float]:
+    """``{'tandem_verifier_rows_total{reason="prefill"}': 3.0, ...}`` as ``{'rows.prefill': 3.0, ...}``."""
+    out = {}
+    for key, value in metrics.items():
+        name, _, label = key.partition("{")
+        if name in _COUNTERS:
+            out[_COUNTERS[name] + "." + label.split('"')[1]] = value
+    return out
 
 
 @contextmanager

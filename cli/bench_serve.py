@@ -113,11 +113,14 @@ def run(args: argparse.Namespace) -> int:
                     run_load(load(c, t, 16), prompts_for(c)[:c])
             for t in args.temperatures:
                 for c in args.concurrency:
+                    print(f"measuring {name} at concurrency {c}, temperature {t}", flush=True)
+                    before = served.counters() if served.counters else {}
                     row = {**run_load(load(c, t, args.max_tokens), prompts_for(c)), "server": name,
                            "draft": settings.draft if name.startswith("tandem") else None}
+                    row.update(served.counters_during(before))
                     rows.append(row)
-                    print(json.dumps({k: row[k] for k in ("server", "concurrency", "temperature", "tokens_per_s",
-                                                          "completed", "client_cpu_pct")}), flush=True)
+                    print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(("rows.", "fused."))}),
+                          flush=True)
     add_ratios(rows)
     for r in rows:
         r.update(dataset=args.dataset, **env)
@@ -128,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     out.with_suffix(".md").write_text(text)
     print("\n" + text + f"\nwrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+_SHOWN = ("server", "concurrency", "temperature", "tokens_per_s", "completed", "client_cpu_pct")
 
 
 def add_ratios(rows: list[dict]) -> None:

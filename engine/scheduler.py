@@ -49,6 +49,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
         self.fast_path_exits: collections.Counter[str] = collections.Counter()  # rows of rounds, by Reason value
+        self.rows: collections.Counter[str] = collections.Counter()  # every row of every round, by Reason value
         self._exits_logged: dict[str, set[Reason]] = {}
         self._ids = itertools.count()
         self._reserved_blocks = 0
@@ -233,7 +234,7 @@ class Scheduler:
         """The plan once the drafter's drafts (``items``, in ``plan.off_graph`` order) are in: an entering row
         with the graph's k first drafts (and their q when it samples), whose drafter can go on in a graph from
         here, joins the speculative graph (verifying its ``num_draft`` of them); the rest run eagerly with their
-        own k. Counts and logs the exits."""
+        own k. Counts the rows by reason and logs the exits."""
         fused, eager = list(plan.fused), []
         for row, it in zip(plan.off_graph, items):
             if row.path is Path.EAGER:
@@ -256,6 +257,7 @@ class Scheduler:
                 and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
     def _note_exits(self, plan: RoundPlan) -> None:
+        self.rows.update(row.reason.value for rows in (plan.fused, plan.fused_plain, plan.eager) for row in rows)
         for row in plan.exits:
             self.fast_path_exits[row.reason.value] += 1
             seen = self._exits_logged.setdefault(row.request_id, set())

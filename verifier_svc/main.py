@@ -66,6 +66,10 @@ async def serve(settings: VerifierSettings) -> None:
             lambda: remote.call_s)
     engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
                    "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
+    engine_counter("tandem_verifier_rows", "verifier: rows of every round, by why they ran where they ran "
+                   "(engine/rounds/base.py Reason: on_graph, demoted, prefill, ...)", "reason", engine.rows)
+    engine_counter("tandem_verifier_fused_rounds", "verifier: fused (graph) rounds run, of them launched ahead of "
+                   "the round before, and rounds launched ahead but dropped unread", "outcome", engine.fused_rounds)
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: _start(servicer, engine, settings),

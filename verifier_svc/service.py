@@ -211,6 +211,17 @@ class VerifierEngine:
         counts = dict(self.decoder.fast_path_exits)
         return {reason.value: counts.get(reason.value, 0) for reason in EXITS}
 
+    def rows(self) -> dict[str, int]:
+        """Rows of every round so far by ``Reason`` value (on a graph, entering it, prefill, the exits)."""
+        return dict(self.decoder.scheduler.rows)
+
+    def fused_rounds(self) -> dict[str, int]:
+        """Fused rounds so far (both graphs): run, of them launched ahead of the round before, and rounds launched
+        ahead that were dropped unread (their rows changed)."""
+        graphs = [g for g in (self.decoder.fused, self.decoder.fused_plain) if g is not None]
+        return {"run": sum(g.rounds for g in graphs), "launched_ahead": sum(g.rounds_ahead for g in graphs),
+                "dropped": sum(g.dropped for g in graphs)}
+
     def stats(self) -> dict[str, int]:
         alloc = self.decoder.target.allocator
         return {"running": len(self.decoder.requests), "kv_blocks_used": alloc.num_blocks - alloc.free_blocks,

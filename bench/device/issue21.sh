@@ -19,6 +19,9 @@
 #    (raw stacks into pyspy-*.txt; carry [".carry/env", ".whl"]).
 # I (a machine with two GPUs, nvidia-h100-x2): D's co-located stack on cuda:0 beside the split stack (--direct-draft)
 #    with its drafter on cuda:1, greedy, and the in-process engine.
+# J: co-located at c 8 and 64, greedy and T 0.7, beside the in-process engine, with the verifier's rows by reason and
+#    fused rounds (launched ahead or not) per load; then c 64 greedy over 1,024 prompts with the verifier and the
+#    gateway sampled by py-spy record (--threads --idle, raw; carry [".carry/env", ".whl"]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -98,5 +101,21 @@ case "${PART:-A}" in
       --concurrency 1 --temperatures 0.7 --num-prompts 64 --max-tokens 128 --client-processes 1 --attention torch \
       --device cuda --out-dir "$OUT" > "$OUT/$name-spy.log" 2>&1
     wait; grep -E '^\{' "$OUT/$name-spy.log" | cut -c1-220; wc -l "$OUT"/pyspy-*.txt ;;
+  J)
+    timeout 300 python3 -m cli.main bench-serve --name "$name-served-counters" --servers tandem-colocated \
+      --concurrency 8,64 --temperatures 0,0.7 --max-tokens 128 --client-processes 4 --in-process --attention torch \
+      --device cuda --out-dir "$OUT" > "$OUT/$name-served-counters.log" 2>&1
+    grep -E '^\{' "$OUT/$name-served-counters.log" | cut -c1-400; echo "counters done at $SECONDS s"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    log="$OUT/$name-spy64.log"
+    (for _ in $(seq 600); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break; sleep 0.3; done; sleep 1
+     for svc in verifier gateway; do
+       py-spy record -r 250 -d 6 --threads --idle --nonblocking -f raw -o "$OUT/pyspy64-$svc.txt" \
+         --pid "$(pgrep -f "cli.main $svc" | head -1)" > /dev/null 2>&1 &
+     done; wait) &
+    timeout 240 python3 -m cli.main bench-serve --name "$name-spy64" --servers tandem-colocated --concurrency 64 \
+      --num-prompts 1024 --max-tokens 128 --client-processes 4 --attention torch --device cuda --out-dir "$OUT" \
+      > "$log" 2>&1
+    wait; grep -E '^\{' "$log" | cut -c1-400; wc -l "$OUT"/pyspy64-*.txt ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

@@ -28,6 +28,9 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         assert r["output_tokens"] == 5 * 6  # EOS ignored: every request streams exactly max_tokens
         assert r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0 and r["acceptance_length"] >= 1
         assert r["client_processes"] == (1 if r["concurrency"] == 1 else 2) and r["client_cpu_s"] >= 0
+        # the verifier's rows of this load alone, by reason: each prompt's prefill, then decoding rows (eager on
+        # a CPU: no graphs, so no fused rounds either)
+        assert r["rows.prefill"] == 5 and r["rows.fused_off"] >= 5 * (6 - 1) // 4 and "fused.run" not in r
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
             rel=1e-2)
