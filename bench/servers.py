@@ -40,10 +40,11 @@ class Served:
 
     def counters_during(self, before: dict[str, float]) -> dict[str, float]:
         """The verifier's round counters gained since ``before`` (a ``counters()`` reading): rows by reason
-        (``rows.<reason>``) and fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``)."""
+        (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``) and the
+        engine thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``)."""
         if self.counters is None:
             return {}
-        return {key: value - before.get(key, 0.0) for key, value in self.counters().items()
+        return {key: round(value - before.get(key, 0.0), 4) for key, value in self.counters().items()
                 if value - before.get(key, 0.0)}
 
 
@@ -90,7 +91,8 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
         stack.stop()
 
 
-_COUNTERS = {"tandem_verifier_rows_total": "rows", "tandem_verifier_fused_rounds_total": "fused"}
+_COUNTERS = {"tandem_verifier_rows_total": "rows", "tandem_verifier_fused_rounds_total": "fused",
+             "tandem_verifier_serve_seconds": "serve_s"}
 
 
 def _round_counters(metrics: dict[str, float]) -> dict[str, float]:

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                            "draft": settings.draft if name.startswith("tandem") else None}
                     row.update(served.counters_during(before))
                     rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(("rows.", "fused."))}),
+                    print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(("rows.", "fused.", "serve_s."))}),
                           flush=True)
     add_ratios(rows)
     for r in rows:

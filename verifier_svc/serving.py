@@ -96,6 +96,12 @@ class RoundLoop:
         self._lock = threading.Lock()  # guards what the event loop hands the engine thread
         self._pending: list[tuple[Session, list[Admit], list[int], bool]] = []  # (session, admits, cancels, closed)
         self._scheduled = False
+        # where the engine thread's time went while serving (seconds; read by the metrics thread): running rounds
+        # (``round``), from one tick's end to the next one's start while requests ran (``between``: other engine
+        # calls, the thread waiting for the GIL) and with nothing to run (``idle``)
+        self.seconds = {"round": 0.0, "between": 0.0, "idle": 0.0}
+        self._ended: float | None = None  # when the last tick ended
+        self._idle = False                # it ended with nothing left to run
 
     # ---------------------------------------------------------------- the caller's side (any thread)
     def open(self, deliver: Callable[[Outcome | tuple[int, Exception]], None]) -> Session:
@@ -138,6 +144,10 @@ class RoundLoop:
                     session.deliver((a.slot, exc))
 
     def _tick(self) -> None:
+        began = time.perf_counter()
+        if self._ended is not None:
+            self.seconds["idle" if self._idle else "between"] += began - self._ended
+        self._idle = False
         try:
             self._apply()
             dec = self.decoder
@@ -145,6 +155,7 @@ class RoundLoop:
                 with self._lock:  # nothing to run: the next control schedules a tick again
                     if not self._pending:
                         self._scheduled = False
+                        self._ended, self._idle = time.perf_counter(), True
                         return
             else:
                 start, t0 = time.time_ns(), time.perf_counter_ns()
@@ -154,6 +165,8 @@ class RoundLoop:
         except Exception:  # the loop must not die with requests in it: their sessions learn of it
             log.exception("serve round failed")
             self._fail_all()
+        self._ended = time.perf_counter()
+        self.seconds["round"] += self._ended - began
         self.worker.submit(self._tick)
 
     def _hand_out(self, outputs: Sequence[RequestOutput], ks: dict[str, int], start: int, duration: int) -> None:

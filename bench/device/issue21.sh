@@ -22,6 +22,8 @@
 # J: co-located at c 8 and 64, greedy and T 0.7, beside the in-process engine, with the verifier's rows by reason and
 #    fused rounds (launched ahead or not) per load; then c 64 greedy over 1,024 prompts with the verifier and the
 #    gateway sampled by py-spy record (--threads --idle, raw; carry [".carry/env", ".whl"]).
+# K: co-located at c 64 greedy over 512 prompts (with the in-process engine), the verifier's engine-thread seconds by
+#    phase (rounds, between rounds, idle) per load; then again with every process switching threads every 0.5 ms.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -117,5 +119,15 @@ case "${PART:-A}" in
       --num-prompts 1024 --max-tokens 128 --client-processes 4 --attention torch --device cuda --out-dir "$OUT" \
       > "$log" 2>&1
     wait; grep -E '^\{' "$log" | cut -c1-400; wc -l "$OUT"/pyspy64-*.txt ;;
+  K)
+    mkdir -p /tmp/gil && echo 'import sys; sys.setswitchinterval(0.0005)' > /tmp/gil/sitecustomize.py
+    for variant in default gil; do
+      pp=$PYTHONPATH; inproc=--in-process
+      [ $variant = gil ] && pp=/tmp/gil:$PYTHONPATH && inproc=
+      PYTHONPATH=$pp timeout 250 python3 -m cli.main bench-serve --name "$name-c64-$variant" --servers tandem-colocated \
+        --concurrency ${CONC:-64} --num-prompts 512 --max-tokens 128 --client-processes 4 $inproc --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$name-c64-$variant.log" 2>&1
+      grep -E '^\{' "$OUT/$name-c64-$variant.log" | cut -c1-500; echo "$variant done at $SECONDS s"
+    done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
