@@ -73,8 +73,8 @@ async def serve(settings: VerifierSettings) -> None:
     serve_seconds = Gauge("tandem_verifier_serve_seconds", "verifier: the engine thread's time while serving Serve "
                           "streams so far, by phase: running rounds, between one round and the next (other engine "
                           "calls, waiting for the GIL) and idle (no request to run)", ["phase"])
-    for phase in servicer.loop.seconds:
-        serve_seconds.labels(phase).set_function(lambda phase=phase: servicer.loop.seconds[phase])
+    for phase in ("round", "between", "idle"):
+        serve_seconds.labels(phase).set_function(lambda phase=phase: servicer.loop.seconds()[phase])
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: _start(servicer, engine, settings),

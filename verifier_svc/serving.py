@@ -96,12 +96,18 @@ class RoundLoop:
         self._lock = threading.Lock()  # guards what the event loop hands the engine thread
         self._pending: list[tuple[Session, list[Admit], list[int], bool]] = []  # (session, admits, cancels, closed)
         self._scheduled = False
-        # where the engine thread's time went while serving (seconds; read by the metrics thread): running rounds
-        # (``round``), from one tick's end to the next one's start while requests ran (``between``: other engine
-        # calls, the thread waiting for the GIL) and with nothing to run (``idle``)
-        self.seconds = {"round": 0.0, "between": 0.0, "idle": 0.0}
+        self._seconds = {"round": 0.0, "between": 0.0, "idle": 0.0}
         self._ended: float | None = None  # when the last tick ended
         self._idle = False                # it ended with nothing left to run
+
+    def seconds(self) -> dict[str, float]:
+        """Where the engine thread's time went since the first Serve round (any thread may ask): running rounds
+        (``round``), from one tick's end to the next one's start while requests ran (``between``: other engine
+        calls, the thread waiting for the GIL) and with nothing to run (``idle``, up to now)."""
+        out, ended = dict(self._seconds), self._ended
+        if ended is not None:
+            out["idle" if self._idle else "between"] += max(0.0, time.perf_counter() - ended)
+        return out
 
     # ---------------------------------------------------------------- the caller's side (any thread)
     def open(self, deliver: Callable[[Outcome | tuple[int, Exception]], None]) -> Session:
@@ -145,8 +151,9 @@ class RoundLoop:
 
     def _tick(self) -> None:
         began = time.perf_counter()
-        if self._ended is not None:
-            self.seconds["idle" if self._idle else "between"] += began - self._ended
+        ended, self._ended = self._ended, None  # the metrics thread adds nothing for a tick under way
+        if ended is not None:
+            self._seconds["idle" if self._idle else "between"] += began - ended
         self._idle = False
         try:
             self._apply()
@@ -166,7 +173,7 @@ class RoundLoop:
             log.exception("serve round failed")
             self._fail_all()
         self._ended = time.perf_counter()
-        self.seconds["round"] += self._ended - began
+        self._seconds["round"] += self._ended - began
         self.worker.submit(self._tick)
 
     def _hand_out(self, outputs: Sequence[RequestOutput], ks: dict[str, int], start: int, duration: int) -> None:
