@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
                            "draft": settings.draft if name.startswith("tandem") else None}
                     row.update(served.counters_during(before))
                     rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(("rows.", "fused.", "serve_s."))}),
-                          flush=True)
+                    shown = {k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTERS)}
+                    print(json.dumps(shown), flush=True)
     add_ratios(rows)
     for r in rows:
         r.update(dataset=args.dataset, **env)
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 _SHOWN = ("server", "concurrency", "temperature", "tokens_per_s", "completed", "client_cpu_pct")
+_COUNTERS = ("rows.", "fused.", "serve_s.")  # the verifier's counters over a load (bench/servers.py)
 
 
 def add_ratios(rows: list[dict]) -> None:

@@ -1,22 +1,26 @@
-"""A sequence's long chunk (a prompt's prefill) through a captured graph, padded to a bucket.
+"""Prompt chunks (prefills) through captured graphs: up to 8 sequences' chunks packed into one replay.
 
 Eagerly, a prefill is ~900 launches from Python: on an H100 a 64- to 1,024-token prompt of
 SmolLM2-135M took ~30 ms of host time for 2-5 ms of kernels, and that is the time to first token.
-Here a chunk of n tokens appended at position ``start`` runs in the bucket of the smallest
-``PREFILL_BUCKETS`` size Q >= n: the n tokens and Q - n padding tokens after them, through the
-static attention's torch path (gathered keys, a causal mask: every real query sees exactly what
-it sees eagerly; the padding queries come after all of them, so none sees a padding key). Padding
-keys land past the sequence's length, in its own last block or in the scratch block that pads
-its table, where the next tokens overwrite them. Only the last ``num_logits`` real rows go through
-the LM head (row indices are an input buffer), so the logits buffer stays small.
+Here the chunks of a bucket's ``rows`` sequences run side by side, each padded to the bucket's length:
+a chunk of n tokens appended at position ``start`` takes a row of Q tokens, the smallest
+``PREFILL_BUCKETS`` size >= the group's longest chunk (the n tokens and Q - n padding tokens after
+them), through the static attention's torch path (gathered keys of its own row, a causal mask:
+every real query sees exactly what it sees eagerly; the padding queries come after all of them, so
+none sees a padding key). Padding keys land past the sequence's length, in its own last block or in
+the scratch block that pads its table, where the next tokens overwrite them; unused rows run wholly
+in the scratch block. One replay costs about what a lone prompt's does (the kernels are small), so
+a round of new prompts (a wave of arrivals at a served batch) pays once, not once per prompt. Only
+each row's last ``num_logits`` real tokens go through the LM head (row indices are an input buffer),
+so the logits buffer stays small.
 
 A feature-fed model (an EAGLE head catching up over a prompt) reads a feature row per token from
 a buffer of the bucket (padding rows keep whatever rows they held, as the padding tokens' outputs
-are never read). Buckets are (Q, context, aux layers, feature
-size), captured into one pool: every whole prompt's up front
-(``capture_prompts``, from the decoder's warm-up), a later chunk's on first use. The runner sends up to
-``MAX_GRAPH_PREFILLS`` prompts of a round here, one replay each. On a CPU they run eagerly
-(``capture=False``), which is how they are tested.
+are never read). Buckets are (rows, Q, context, aux layers, feature size), rows x Q at most
+``PREFILL_MAX_TOKENS``, captured into one pool: every whole prompt's up front
+(``capture_prompts``, from the decoder's warm-up), a later chunk's on first use. The runner packs a
+round's prompt chunks into groups (engine/runner.py). On a CPU they run eagerly (``capture=False``),
+which is how they are tested.
 """
 
 from __future__ import annotations
@@ -33,19 +37,32 @@ if TYPE_CHECKING:
     from engine.runner import ModelRunner
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)  # padded chunk lengths; longer chunks run eagerly
+PREFILL_ROWS = (1, 2, 4, 8)   # sequences one replay takes
+PREFILL_MAX_TOKENS = 2048     # rows x padded length of a bucket (8 rows up to 256 tokens, 1 up to 2,048)
+
+
+@dataclass(frozen=True)
+class PrefillRow:
+    """One sequence's chunk in a replay."""
+
+    seq_id: str
+    tokens: Sequence[int]
+    start: int                # its first position (the allocator already holds start + len(tokens))
+    num_logits: int
+    features: torch.Tensor | None = None  # [len(tokens), F] of a feature-fed model
 
 
 @dataclass
 class _PrefillBucket:
-    attn: StaticAttention     # rows 1, q_len Q, the torch path
+    attn: StaticAttention     # rows R, q_len Q, the torch path
     aux_layers: tuple[int, ...]
-    input_ids: torch.Tensor   # [Q] long
-    start: torch.Tensor       # [1] long: the chunk's first position (the rest follow in the graph)
-    logit_rows: torch.Tensor  # [max_logits] long: which rows go through the LM head
-    logits: torch.Tensor | None = None  # [max_logits, vocab] float32
-    hidden: torch.Tensor | None = None  # [max_logits, hidden]
-    aux: torch.Tensor | None = None     # [Q, len(aux_layers) * hidden]
-    features: torch.Tensor | None = None  # [Q, F] the inputs of a feature-fed model
+    input_ids: torch.Tensor   # [R*Q] long
+    start: torch.Tensor       # [R] long: each chunk's first position (the rest follow in the graph)
+    logit_rows: torch.Tensor  # [R*max_logits] long: which of the R*Q tokens go through the LM head
+    logits: torch.Tensor | None = None  # [R*max_logits, vocab] float32
+    hidden: torch.Tensor | None = None  # [R*max_logits, hidden]
+    aux: torch.Tensor | None = None     # [R*Q, len(aux_layers) * hidden]
+    features: torch.Tensor | None = None  # [R*Q, F] the inputs of a feature-fed model
     graph: "torch.cuda.CUDAGraph | None" = None
 
 
@@ -64,48 +81,64 @@ class PrefillGraphs:
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._arange = torch.arange(PREFILL_BUCKETS[-1], device=runner.device)  # positions past a chunk's start
 
-    def bucket_for(self, start: int, n: int, num_logits: int, aux_layers: tuple[int, ...], features: int = 0
-                   ) -> tuple[int, int, tuple[int, ...], int] | None:
-        """(Q, context, aux layers, features) of the bucket for n tokens at ``start``, or None (eager): too
-        short or too long, more logits than the bucket keeps, or padding that would pass the context."""
-        if n < self.min_tokens or not 0 <= num_logits <= self.max_logits:
+    def group_for(self, rows: Sequence[tuple[int, int, int]], aux_layers: tuple[int, ...], features: int = 0
+                  ) -> tuple[int, int, int, tuple[int, ...], int] | None:
+        """(rows, Q, context, aux layers, features) of the bucket that takes these chunks together, each given as
+        (start, n tokens, num_logits), or None (eager): a chunk too short or too long, more logits than the
+        bucket keeps, more rows or tokens than a bucket holds, or padding that would pass the context."""
+        if not rows or any(n < self.min_tokens or not 0 <= m <= self.max_logits for _, n, m in rows):
             return None
-        q = next((b for b in PREFILL_BUCKETS if b >= n), None)
-        if q is None or start + q > self.max_context:
+        q = next((b for b in PREFILL_BUCKETS if b >= max(n for _, n, _ in rows)), None)
+        r = next((b for b in PREFILL_ROWS if b >= len(rows)), None)
+        if q is None or r is None or r * q > PREFILL_MAX_TOKENS:
             return None
-        ctx = next(c for c in self.context_buckets if c >= start + q)
-        return q, ctx, aux_layers, features
+        last = max(start for start, _, _ in rows) + q
+        if last > self.max_context:
+            return None
+        return r, q, next(c for c in self.context_buckets if c >= last), aux_layers, features
 
-    def run(self, key: tuple[int, int, tuple[int, ...], int], seq_id: str, tokens: Sequence[int], start: int,
-            num_logits: int, features: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The chunk (in the allocator up to start + n; ``features`` [n, F] for a feature-fed model) ->
-        (logits [num_logits, vocab] float32, hidden [num_logits, hidden], aux [n, aux] or None): views of
-        the bucket's buffers."""
+    def bucket_for(self, start: int, n: int, num_logits: int, aux_layers: tuple[int, ...], features: int = 0
+                   ) -> tuple[int, int, int, tuple[int, ...], int] | None:
+        """The bucket of a lone chunk of n tokens at ``start`` (``group_for``)."""
+        return self.group_for([(start, n, num_logits)], aux_layers, features)
+
+    def run(self, key: tuple[int, int, int, tuple[int, ...], int], rows: Sequence[PrefillRow]
+            ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """The chunks (``group_for``'s bucket ``key``) in one replay -> each row's (logits [num_logits, vocab]
+        float32, hidden [num_logits, hidden], aux [n, aux] or None): views of the bucket's buffers (the next
+        replay of the bucket overwrites them: copy out before that)."""
         b = self._buckets.get(key) or self._build(*key)
-        q, n = key[0], len(tokens)
+        r, q, m = key[0], key[1], self.max_logits
         alloc = self.runner.allocator
-        b.attn.set_rows([alloc.block_table(seq_id)], [start + q])
-        ids = torch.zeros(q, dtype=torch.long)  # padding tokens: id 0
-        ids[:n] = torch.as_tensor(tokens, dtype=torch.long)
-        b.input_ids.copy_(ids, non_blocking=True)
-        if b.features is not None:  # padding rows keep earlier rows: they only write past the sequence
-            b.features[:n].copy_(features)
-        b.start.fill_(start)
-        # the last num_logits real rows (none wanted, a chunk of a prompt: one, unread), padded with the last
-        first = n - max(num_logits, 1)
-        b.logit_rows.copy_(torch.arange(first, first + self.max_logits).clamp(max=n - 1), non_blocking=True)
+        b.attn.set_rows([alloc.block_table(row.seq_id) for row in rows], [row.start + q for row in rows])
+        ids = torch.zeros(r, q, dtype=torch.long)  # padding tokens: id 0
+        starts = torch.zeros(r, dtype=torch.long)
+        picks = torch.arange(r)[:, None] * q + torch.zeros(r, m, dtype=torch.long)  # a padding row: its first
+        for i, row in enumerate(rows):
+            n = len(row.tokens)
+            ids[i, :n] = torch.as_tensor(row.tokens, dtype=torch.long)
+            starts[i] = row.start
+            # the last num_logits real tokens (none wanted, a chunk of a prompt: one, unread), padded with the last
+            first = n - max(row.num_logits, 1)
+            picks[i] = i * q + torch.arange(first, first + m).clamp(max=n - 1)
+            if b.features is not None:  # padding rows keep earlier rows: they only write past the sequence
+                b.features[i * q:i * q + n].copy_(row.features)
+        b.input_ids.copy_(ids.view(-1), non_blocking=True)
+        b.start.copy_(starts, non_blocking=True)
+        b.logit_rows.copy_(picks.view(-1), non_blocking=True)
         if b.graph is not None:
             b.graph.replay()
         else:
             with torch.inference_mode():
                 self._forward(b)
-        return b.logits[:num_logits], b.hidden[:num_logits], None if b.aux is None else b.aux[:n]
+        return [(b.logits[i * m:i * m + row.num_logits], b.hidden[i * m:i * m + row.num_logits],
+                 None if b.aux is None else b.aux[i * q:i * q + len(row.tokens)]) for i, row in enumerate(rows)]
 
     def _compute(self, b: _PrefillBucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         model = self.runner.model
         b.attn.prepare()
-        positions = b.start + self._arange[: b.input_ids.shape[0]]
+        q = b.attn.q_len
+        positions = (b.start[:, None] + self._arange[None, :q]).reshape(-1)
         hidden, aux = forward(model, b.input_ids, positions, b.attn, b.aux_layers, b.features)
         hidden = hidden[b.logit_rows]
         return model.compute_logits(hidden), hidden, aux
@@ -113,15 +146,15 @@ class PrefillGraphs:
     def _forward(self, b: _PrefillBucket) -> None:
         keep_outputs(b, *self._compute(b))
 
-    def _build(self, q: int, ctx: int, aux_layers: tuple[int, ...], features: int) -> _PrefillBucket:
+    def _build(self, rows: int, q: int, ctx: int, aux_layers: tuple[int, ...], features: int) -> _PrefillBucket:
         r = self.runner
         dev = r.device
-        attn = StaticAttention(r.cache, r.model.config.num_heads, 1, q, -(-ctx // r.cache.block_size),
+        attn = StaticAttention(r.cache, r.model.config.num_heads, rows, q, -(-ctx // r.cache.block_size),
                                self.scratch_block, use_kernel=False)
-        b = _PrefillBucket(attn, aux_layers, torch.zeros(q, dtype=torch.long, device=dev),
-                           torch.zeros(1, dtype=torch.long, device=dev),
-                           torch.zeros(self.max_logits, dtype=torch.long, device=dev),
-                           features=feature_buffer(r.model, q, features, dev))
+        b = _PrefillBucket(attn, aux_layers, torch.zeros(rows * q, dtype=torch.long, device=dev),
+                           torch.zeros(rows, dtype=torch.long, device=dev),
+                           torch.zeros(rows * self.max_logits, dtype=torch.long, device=dev),
+                           features=feature_buffer(r.model, rows * q, features, dev))
         with torch.inference_mode():
             self._forward(b)  # allocates the outputs (the padding row set writes only the scratch block)
         if self.capture:
@@ -129,18 +162,19 @@ class PrefillGraphs:
                 b.logits, b.hidden, b.aux = self._compute(b)
 
             b.graph = capture(record, lambda: self._forward(b), self._pool, dev)
-        self._buckets[(q, ctx, aux_layers, features)] = b
+        self._buckets[(rows, q, ctx, aux_layers, features)] = b
         return b
 
     def capture_prompts(self, aux_layers: tuple[int, ...] = (), features: int = 0) -> int:
-        """Build now the bucket of every whole prompt (a chunk at position 0; ``features``: of a feature-fed
-        model) of up to the largest length, so that no request waits for a capture (~0.1 s each on an
-        H100); returns how many buckets there are. Chunks of a longer prompt (a round budget) start
+        """Build now the bucket of every whole prompt (chunks at position 0; ``features``: of a feature-fed
+        model), every length and every number of rows, so that no request waits for a capture (~0.1 s each
+        on an H100); returns how many buckets there are. Chunks of a longer prompt (a round budget) start
         further in and are still captured on first use."""
         for q in reversed(PREFILL_BUCKETS):  # the largest first: the pool is sized once
-            key = self.bucket_for(0, q, 1, aux_layers, features)
-            if key is not None and key not in self._buckets:
-                self._build(*key)
+            for rows in reversed(PREFILL_ROWS):
+                key = self.group_for([(0, q, 1)] * rows, aux_layers, features)
+                if key is not None and key not in self._buckets:
+                    self._build(*key)
         return len(self._buckets)
 
     @property

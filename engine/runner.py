@@ -20,11 +20,11 @@ from engine.config import EngineConfig
 from engine.graphs import StepGraphs, forward
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
-from engine.prefill_graphs import PrefillGraphs
+from engine.prefill_graphs import PrefillGraphs, PrefillRow
 
-# A round with at most this many prompt chunks runs each through its prefill graph (~4 ms apiece on an
-# H100, mostly GPU) and the rest of the batch beside them; with more, one eager forward over all of them
-# (~30 ms, mostly host, whatever the count) is cheaper.
+# A round whose prompt chunks pack into at most this many prefill-graph replays (each up to 8 chunks,
+# engine/prefill_graphs.py; ~4 ms a replay on an H100, mostly GPU) runs them there and the rest of the batch
+# beside them; with more, one eager forward over all of them (~30 ms, mostly host, whatever the count) is cheaper.
 MAX_GRAPH_PREFILLS = 8
 
 
@@ -55,7 +55,7 @@ class ModelRunner:
         self.attention = create_backend(config.attention_backend, self.cache, cfg.num_heads, self.device)
         self.vocab_size = cfg.vocab_size
         self.graphs: StepGraphs | None = None
-        self.prefill_graphs: PrefillGraphs | None = None  # a lone long chunk (a prompt), padded to a bucket
+        self.prefill_graphs: PrefillGraphs | None = None  # long chunks (prompts), packed and padded to a bucket
         if config.use_cuda_graphs:
             capture = self.device.type == "cuda"
             max_context = config.max_context or cfg.max_position
@@ -90,41 +90,59 @@ class ModelRunner:
         pg.capture_prompts(tuple(aux_layers), features)
         return pg.num_captured
 
-    def _prefill_key(self, c: Chunk, aux_layers: tuple[int, ...], features: int):
-        """The prefill-graph bucket of a chunk that is not a uniform step (a prompt), or None (not theirs)."""
-        n = len(c.token_ids)
-        if self.prefill_graphs is None or (n <= self.graphs.max_q_len and c.num_logits == n):
-            return None
-        return self.prefill_graphs.bucket_for(self.allocator.length(c.seq_id), n, c.num_logits, aux_layers, features)
+    def _prefill_groups(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...], features: int
+                        ) -> list[tuple[tuple, list[int]]]:
+        """The round's chunks that are not uniform steps (prompts) packed into prefill-graph replays: by length,
+        each joining the group before it while one bucket takes them all -> [(bucket key, chunk indices)]."""
+        pg, steps = self.prefill_graphs, self.graphs
+        if pg is None:
+            return []
 
-    def _prefill(self, c: Chunk, key, features: torch.Tensor | None) -> RunOutput:
-        """One prompt chunk through its prefill graph -> views of the bucket's buffers (the next replay of
-        the bucket overwrites them: copy out before that)."""
-        start = self.allocator.length(c.seq_id)
-        self.allocator.extend(c.seq_id, start + len(c.token_ids))
-        return RunOutput(*self.prefill_graphs.run(key, c.seq_id, c.token_ids, start, c.num_logits, features))
+        def row(i: int) -> tuple[int, int, int]:
+            return self.allocator.length(chunks[i].seq_id), len(chunks[i].token_ids), chunks[i].num_logits
+
+        prompts = sorted((i for i, c in enumerate(chunks)
+                          if not (len(c.token_ids) <= steps.max_q_len and c.num_logits == len(c.token_ids))
+                          and pg.group_for([row(i)], aux_layers, features) is not None),
+                         key=lambda i: len(chunks[i].token_ids))
+        groups: list[tuple[tuple, list[int]]] = []
+        for i in prompts:
+            key = pg.group_for([row(j) for j in groups[-1][1]] + [row(i)], aux_layers, features) if groups else None
+            if key is not None:
+                groups[-1] = (key, groups[-1][1] + [i])
+            else:
+                groups.append((pg.group_for([row(i)], aux_layers, features), [i]))
+        return groups
+
+    def _prefill(self, key, chunks: Sequence[Chunk], features: Sequence[torch.Tensor | None]
+                 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Prompt chunks through one prefill-graph replay -> each one's (logits, hidden, aux): views of the
+        bucket's buffers (the next replay of the bucket overwrites them: copy out before that)."""
+        rows = []
+        for c, f in zip(chunks, features):
+            start = self.allocator.length(c.seq_id)
+            self.allocator.extend(c.seq_id, start + len(c.token_ids))
+            rows.append(PrefillRow(c.seq_id, c.token_ids, start, c.num_logits, f))
+        return self.prefill_graphs.run(key, rows)
 
     def _with_prefill_graphs(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...],
                              features: torch.Tensor | None) -> RunOutput | None:
-        """A round holding 1 .. MAX_GRAPH_PREFILLS prompt chunks: each through its prefill graph, the other
-        chunks (decode rows, a prompt no bucket takes) as one batch beside them; None when none is taken.
-        The outputs are copied once into the round's output, in chunk order (every sequence attends only to
-        its own KV, so how the chunks are grouped into forwards changes nothing). ``features``: the rows of
-        a feature-fed model, chunk after chunk, split the same way."""
+        """A round whose prompt chunks pack into 1 .. MAX_GRAPH_PREFILLS prefill-graph replays: those, and the
+        other chunks (decode rows, a prompt no bucket takes) as one batch beside them; None when no chunk is
+        taken. The outputs are copied into the round's output in chunk order (every sequence attends only to
+        its own KV, so how the chunks are grouped into forwards changes nothing). ``features``: the rows of a
+        feature-fed model, chunk after chunk, split the same way."""
         width = 0 if features is None else features.shape[1]
-        keys = [self._prefill_key(c, aux_layers, width) for c in chunks]
-        if not any(keys) or sum(k is not None for k in keys) > MAX_GRAPH_PREFILLS:
+        groups = self._prefill_groups(chunks, aux_layers, width)
+        if not groups or len(groups) > MAX_GRAPH_PREFILLS:
             return None
         rows = list(itertools.accumulate((c.num_logits for c in chunks), initial=0))
         tokens = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
         feats = [None if features is None else features[tokens[i]:tokens[i + 1]] for i in range(len(chunks))]
-        rest = [i for i, k in enumerate(keys) if k is None]
-        rest_chunks = [chunks[i] for i in rest]
-        rest_feats = None if features is None or not rest else torch.cat([feats[i] for i in rest])
-        batched = iter(_split(self._run_batch(rest_chunks, rest_feats, aux_layers), rest_chunks) if rest else [])
-        out = None
-        for i, (c, k) in enumerate(zip(chunks, keys)):
-            logits, hidden, aux = _split(self._prefill(c, k, feats[i]), [c])[0] if k is not None else next(batched)
+        out: RunOutput | None = None
+
+        def place(i: int, logits: torch.Tensor, hidden: torch.Tensor, aux: torch.Tensor | None) -> None:
+            nonlocal out
             if out is None:
                 out = RunOutput(logits.new_empty(rows[-1], logits.shape[1]),
                                 hidden.new_empty(rows[-1], hidden.shape[1]),
@@ -133,6 +151,17 @@ class ModelRunner:
             out.hidden[rows[i]:rows[i + 1]].copy_(hidden)
             if aux is not None:
                 out.aux[tokens[i]:tokens[i + 1]].copy_(aux)
+
+        packed = {i for _, members in groups for i in members}
+        rest = [i for i in range(len(chunks)) if i not in packed]
+        if rest:
+            rest_chunks = [chunks[i] for i in rest]
+            rest_feats = None if features is None else torch.cat([feats[i] for i in rest])
+            for i, res in zip(rest, _split(self._run_batch(rest_chunks, rest_feats, aux_layers), rest_chunks)):
+                place(i, *res)
+        for key, members in groups:
+            for i, res in zip(members, self._prefill(key, [chunks[i] for i in members], [feats[i] for i in members])):
+                place(i, *res)
         return out
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:

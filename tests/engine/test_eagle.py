@@ -131,4 +131,4 @@ def test_head_forwards_with_feature_rows_take_the_graph_buckets(smollm, head, pr
     same([Chunk("a", [7]), Chunk("b", b[-3:])], torch.cat([out.hidden[:1], fb[-3:]]))
     width = fa.shape[1]
     assert all(key[-1] == width for key in [*static.graphs._buckets, *static.prefill_graphs._buckets])
-    assert (2, 1, 512, (), width) in static.graphs._buckets and (32, 512, (), width) in static.prefill_graphs._buckets
+    assert (2, 1, 512, (), width) in static.graphs._buckets and (1, 32, 512, (), width) in static.prefill_graphs._buckets

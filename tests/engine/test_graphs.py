@@ -94,7 +94,7 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
         assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
         torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
         assert static.length(seq) == eager.length(seq) == start + len(ids)
-    assert set(static.prefill_graphs._buckets) == {(32, 512, aux, 0), (64, 512, aux, 0), (1024, 1024, aux, 0)}
+    assert set(static.prefill_graphs._buckets) == {(1, 32, 512, aux, 0), (1, 64, 512, aux, 0), (1, 1024, 1024, aux, 0)}
     for seq in "abcd":  # the padding wrote no key a later query sees
         want, got = eager.run([Chunk(seq, [5])]), static.run([Chunk(seq, [5])])
         torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)
@@ -102,10 +102,10 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
     assert static.prefill_graphs.bucket_for(0, 40, 10, ()) is None     # more logits than a bucket keeps
 
 
-def test_a_round_of_prompts_and_decode_rows_runs_each_prompt_in_its_prefill_graph(smollm, monkeypatch):
-    """engine/runner.py: up to MAX_GRAPH_PREFILLS prompt chunks of a round each through its prefill graph, the
-    decode rows as one step beside them, the outputs copied out in chunk order (two prompts of one bucket
-    included); more prompts: one batch."""
+def test_a_round_of_prompts_and_decode_rows_packs_the_prompts_into_prefill_graphs(smollm, monkeypatch):
+    """engine/runner.py: a round's prompt chunks packed by length into prefill-graph replays of up to 8 rows (at
+    most MAX_GRAPH_PREFILLS replays), the decode rows as one step beside them, the outputs copied out in chunk
+    order; a chunk further into its prompt packed beside whole prompts; more replays than that: one batch."""
     import engine.runner
 
     eager, static = _runner(smollm, False), _runner(smollm, True)
@@ -116,7 +116,7 @@ def test_a_round_of_prompts_and_decode_rows_runs_each_prompt_in_its_prefill_grap
     round_ = [Chunk("a", [5, 6, 7], num_logits=3), Chunk("p", list(range(100, 140))),  # a verify row, a prompt
               Chunk("b", [8, 9, 10], num_logits=3), Chunk("q", list(range(300, 380)), num_logits=0),  # a chunk
               Chunk("s", list(range(500, 506)), num_logits=2),
-              Chunk("r", list(range(200, 245)), num_logits=2)]  # p's bucket again: its replay overwrites p's
+              Chunk("r", list(range(200, 245)), num_logits=2)]
     want = eager.run(round_, aux_layers=aux)
     got = static.run(round_, aux_layers=aux)
     assert got.logits.shape == want.logits.shape == (11, smollm.config.vocab_size)
@@ -124,14 +124,25 @@ def test_a_round_of_prompts_and_decode_rows_runs_each_prompt_in_its_prefill_grap
     assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
     torch.testing.assert_close(got.hidden, want.hidden, atol=1e-2, rtol=1e-3)
     torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
-    assert {key[0] for key in static.prefill_graphs._buckets} == {32, 64, 128}
+    # the two lone prompts before (20 and 7 tokens: one row of 32), then the round's four prompts in one replay:
+    # four rows of 128 tokens (the longest, q, has 80)
+    assert {key[:2] for key in static.prefill_graphs._buckets} == {(1, 32), (4, 128)}
     assert {key[1] for key in static.graphs._buckets} == {3}  # the two verify rows: one uniform step
-    nxt = [Chunk(s, [4]) for s in "abpqsr"]
+    # q's second chunk (from position 80) packed beside three new prompts, and the tokens after each
+    more = [Chunk("q", list(range(380, 420)), num_logits=1)] + [Chunk(f"n{i}", list(range(i, i + 9 + 7 * i)))
+                                                                for i in range(3)]
+    torch.testing.assert_close(static.run(more).logits, eager.run(more).logits, **LOGIT_TOL)
+    assert (4, 64, 512, (), 0) in static.prefill_graphs._buckets
+    nxt = [Chunk(s, [4]) for s in ["a", "b", "p", "q", "s", "r", "n0", "n1", "n2"]]
     torch.testing.assert_close(static.run(nxt).logits, eager.run(nxt).logits, **LOGIT_TOL)
-    # more prompts than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
+    # nine prompts: a replay of 8 rows and one of 1 (two replays), equal to eager
+    nine = [Chunk(f"m{i}", list(range(50 + i, 80 + 3 * i))) for i in range(9)]
+    torch.testing.assert_close(static.run(nine).logits, eager.run(nine).logits, **LOGIT_TOL)
+    assert (8, 64, 512, (), 0) in static.prefill_graphs._buckets
+    # more replays than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
     monkeypatch.setattr(engine.runner, "MAX_GRAPH_PREFILLS", 1)
     monkeypatch.setattr(static.prefill_graphs, "run", None)
-    two = [Chunk("t", list(range(60, 90))), Chunk("u", list(range(70, 95)))]
+    two = [Chunk(f"t{i}", list(range(60, 90 + 10 * i))) for i in range(9)]
     torch.testing.assert_close(static.run(two).logits, eager.run(two).logits, **LOGIT_TOL)
 
 
