@@ -24,6 +24,8 @@
 #    gateway sampled by py-spy record (--threads --idle, raw; carry [".carry/env", ".whl"]).
 # K: co-located at c 64 greedy over 512 prompts (with the in-process engine), the verifier's engine-thread seconds by
 #    phase (rounds, between rounds, idle) per load; then again with every process switching threads every 0.5 ms.
+# L: A/B of the co-located stack served (c 1, 8, 64, greedy; TEMPS=0,0.7 for sampled too) beside the in-process
+#    engine: this tree, then BASE=path's (carried), one bench-serve each.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -128,6 +130,14 @@ case "${PART:-A}" in
         --concurrency ${CONC:-64} --num-prompts 512 --max-tokens 128 --client-processes 4 $inproc --attention torch \
         --device cuda --out-dir "$OUT" > "$OUT/$name-c64-$variant.log" 2>&1
       grep -E '^\{' "$OUT/$name-c64-$variant.log" | cut -c1-500; echo "$variant done at $SECONDS s"
+    done ;;
+  L)
+    for tree in . ${BASE:-}; do
+      tag=$([ "$tree" = . ] && echo "$name-served" || echo "$name-served-base")
+      (cd "$tree" && timeout 280 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+        --concurrency ${CONC:-1,8,64} --temperatures ${TEMPS:-0} --max-tokens 128 --client-processes 4 --in-process \
+        --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\{' "$OUT/$tag.log" | cut -c1-500; echo "$tag done at $SECONDS s"
     done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
