@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def add_parser(sub) -> None:
                    help="requests per run (default 0: 4 x concurrency, at least 16; prompts repeat if fewer)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (EOS ignored; default 128)")
     p.add_argument("--temperatures", type=_csv(float), default=[0.0], help="comma-separated (default 0)")
-    p.add_argument("--client-processes", type=int, default=2, help="client processes (default 2)")
+    p.add_argument("--client-processes", type=_csv(int), default=[2],
+                   help="client processes, comma-separated: each load runs once per count (default 2)")
     p.add_argument("--drafter-device", help="the split stacks' drafter device (default --device), e.g. cuda:1")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
     p.add_argument("--seed", type=int, default=0,
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.assets import default_model_path
     from engine.models.loader import load_model
 
-    if args.client_processes < 1 or args.max_tokens < 1 or min(args.concurrency) < 1:
+    if min(args.client_processes) < 1 or args.max_tokens < 1 or min(args.concurrency) < 1:
         raise ValueError("--client-processes, --max-tokens and --concurrency: must be >= 1")
     settings = engine_settings(args)
     model_spec = settings.model or str(default_model_path())
@@ -104,23 +106,22 @@ def run(args: argparse.Namespace) -> int:
                          max_model_len=max(len(p) for p in pool) + args.max_tokens + 64)
     for name in args.servers:
         with start(name, opts) as served:
-            def load(c: int, t: float, max_tokens: int) -> Load:
-                return Load(served.protocol, served.address, max_tokens, t, c, args.rate, args.client_processes,
-                            args.seed, model_name=served.model_name, gateway=served.gateway)
+            def load(c: int, t: float, max_tokens: int, procs: int) -> Load:
+                return Load(served.protocol, served.address, max_tokens, t, c, args.rate, procs, args.seed,
+                            model_name=served.model_name, gateway=served.gateway)
 
             for t in args.temperatures:  # warm-up: every concurrency's batch sizes and sampling modes once
                 for c in args.concurrency:
-                    run_load(load(c, t, 16), prompts_for(c)[:c])
-            for t in args.temperatures:
-                for c in args.concurrency:
-                    print(f"measuring {name} at concurrency {c}, temperature {t}", flush=True)
-                    before = served.counters() if served.counters else {}
-                    row = {**run_load(load(c, t, args.max_tokens), prompts_for(c)), "server": name,
-                           "draft": settings.draft if name.startswith("tandem") else None}
-                    row.update(served.counters_during(before))
-                    rows.append(row)
-                    shown = {k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTERS)}
-                    print(json.dumps(shown), flush=True)
+                    run_load(load(c, t, 16, args.client_processes[0]), prompts_for(c)[:c])
+            for t, c, procs in itertools.product(args.temperatures, args.concurrency, args.client_processes):
+                print(f"measuring {name} at concurrency {c}, temperature {t}, {procs} client processes", flush=True)
+                before = served.counters() if served.counters else {}
+                row = {**run_load(load(c, t, args.max_tokens, procs), prompts_for(c)), "server": name,
+                       "draft": settings.draft if name.startswith("tandem") else None}
+                row.update(served.counters_during(before))
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTERS)}),
+                      flush=True)
     add_ratios(rows)
     for r in rows:
         r.update(dataset=args.dataset, **env)
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN = ("server", "concurrency", "temperature", "tokens_per_s", "completed", "client_cpu_pct")
+_SHOWN = ("server", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed", "client_cpu_pct")
 _COUNTERS = ("rows.", "fused.", "serve_s.")  # the verifier's counters over a load (bench/servers.py)
 
 
@@ -150,8 +151,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ["server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "vs_vllm",
-            "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "acceptance_length", "completed", "requests",
+    cols = ["server", "concurrency", "temperature", "client_processes", "tokens_per_s", "served_vs_in_process",
+            "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "acceptance_length", "completed", "requests",
             "client_cpu_pct"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]

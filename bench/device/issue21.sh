@@ -26,6 +26,9 @@
 #    phase (rounds, between rounds, idle) per load; then again with every process switching threads every 0.5 ms.
 # L: A/B of the co-located stack served (c 1, 8, 64, greedy; TEMPS=0,0.7 for sampled too) beside the in-process
 #    engine: this tree, then BASE=path's (carried), one bench-serve each.
+# M: the client's share: this tree's co-located stack at c 8 and 64 greedy with PROCS (default 4,8) client processes
+#    (gRPC streams on an event loop per process), beside the in-process engine; then BASE=path's tree (threads
+#    per stream) at c 64 with BASE_PROCS (default 16) processes.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -139,5 +142,16 @@ case "${PART:-A}" in
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\{' "$OUT/$tag.log" | cut -c1-500; echo "$tag done at $SECONDS s"
     done ;;
+  M)
+    timeout 250 python3 -m cli.main bench-serve --name "$name-clients" --servers tandem-colocated --concurrency 8,64 \
+      --temperatures 0 --max-tokens 128 --client-processes ${PROCS:-4,8} --in-process --attention torch --device cuda \
+      --out-dir "$OUT" > "$OUT/$name-clients.log" 2>&1
+    grep -E '^\{' "$OUT/$name-clients.log" | cut -c1-500; echo "clients done at $SECONDS s"
+    if [ -n "${BASE:-}" ]; then
+      (cd "$BASE" && timeout 200 python3 -m cli.main bench-serve --name "$name-clients-base" --servers tandem-colocated \
+        --concurrency 64 --temperatures 0 --max-tokens 128 --client-processes ${BASE_PROCS:-16} --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$name-clients-base.log" 2>&1)
+      grep -E '^\{' "$OUT/$name-clients-base.log" | cut -c1-500; echo "base done at $SECONDS s"
+    fi ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
