@@ -29,6 +29,9 @@
 # M: the client's share: this tree's co-located stack at c 8 and 64 greedy with PROCS (default 4,8) client processes
 #    (gRPC streams on an event loop per process), beside the in-process engine; then BASE=path's tree (threads
 #    per stream) at c 64 with BASE_PROCS (default 16) processes.
+# N: the in-process engine at batch 64 (1,024 HumanEval prompts, greedy) sampled by py-spy record; then A/B of the
+#    co-located stack served at c 8 and 64 greedy: BASE=path's tree and this one, twice in turn, the verifier of the
+#    last run sampled at c 64 (carry [".carry/env", ".whl", BASE]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -153,5 +156,26 @@ case "${PART:-A}" in
         --device cuda --out-dir "$OUT" > "$OUT/$name-clients-base.log" 2>&1)
       grep -E '^\{' "$OUT/$name-clients-base.log" | cut -c1-500; echo "base done at $SECONDS s"
     fi ;;
+  N)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    timeout 150 py-spy record -r 250 --nonblocking -f raw -o "$OUT/pyspy-inproc.txt" -- python3 -m cli.main bench \
+      --name "$name-inproc64" --dataset humaneval --num-prompts 1024 --batch-sizes 64 --drafts auto --baselines none \
+      --temperatures 0 --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-inproc64.log" 2>&1
+    grep -E '^\|' "$OUT/$name-inproc64.md" | cut -d'|' -f2-12; echo "in-process done at $SECONDS s"
+    for rep in 1 2; do
+      for tree in "$BASE" .; do
+        tag=$([ "$tree" = . ] && echo "$name-ab$rep" || echo "$name-ab$rep-base"); log="$OUT/$tag.log"
+        if [ $rep = 2 ] && [ "$tree" = . ]; then
+          (for _ in $(seq 600); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break
+             sleep 0.3; done; sleep 2.5
+           py-spy record -r 250 -d 2 --nonblocking -f raw -o "$OUT/pyspy-served64.txt" \
+             --pid "$(pgrep -f "cli.main verifier" | head -1)" > /dev/null 2>&1) &
+        fi
+        (cd "$tree" && timeout 150 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+          --concurrency 8,64 --temperatures 0 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
+          --out-dir "$OUT" > "$log" 2>&1)
+        grep -E '^\{' "$log" | cut -c1-400; echo "$tag done at $SECONDS s"
+      done
+    done; wait ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
