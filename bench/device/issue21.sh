@@ -167,8 +167,8 @@ case "${PART:-A}" in
         tag=$([ "$tree" = . ] && echo "$name-ab$rep" || echo "$name-ab$rep-base"); log="$OUT/$tag.log"
         if [ $rep = 2 ] && [ "$tree" = . ]; then
           (for _ in $(seq 600); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break
-             sleep 0.3; done; sleep 4.3
-           py-spy record -r 250 -d 1.5 --nonblocking -f raw -o "$OUT/pyspy-served64.txt" \
+             sleep 0.3; done; sleep 4.1
+           py-spy record -r 250 -d 2 --nonblocking -f raw -o "$OUT/pyspy-served64.txt" \
              --pid "$(pgrep -f "cli.main verifier" | head -1)" > /dev/null 2>&1) &
         fi
         (cd "$tree" && timeout 150 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
