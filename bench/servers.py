@@ -41,11 +41,16 @@ class Served:
     def counters_during(self, before: dict[str, float]) -> dict[str, float]:
         """The verifier's round counters gained since ``before`` (a ``counters()`` reading): rows by reason
         (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``) and the
-        engine thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``)."""
+        engine thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``), rounds run
+        (``serve_rounds.run``) and the mean rows a round ran (``rows_per_round``)."""
         if self.counters is None:
             return {}
-        return {key: round(value - before.get(key, 0.0), 4) for key, value in self.counters().items()
-                if value - before.get(key, 0.0)}
+        gained = {key: round(value - before.get(key, 0.0), 4) for key, value in self.counters().items()
+                  if value - before.get(key, 0.0)}
+        rounds = gained.get("serve_rounds.run")
+        if rounds:  # how full the rounds ran: what a served load's tokens/s follows (in process: the batch size)
+            gained["rows_per_round"] = round(sum(v for k, v in gained.items() if k.startswith("rows.")) / rounds, 2)
+        return gained
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
 
 
 _COUNTERS = {"tandem_verifier_rows_total": "rows", "tandem_verifier_fused_rounds_total": "fused",
-             "tandem_verifier_serve_seconds": "serve_s"}
+             "tandem_verifier_serve_seconds": "serve_s", "tandem_verifier_serve_rounds_total": "serve_rounds"}
 
 
 def _round_counters(metrics: dict[str, float]) -> dict[str, float]:

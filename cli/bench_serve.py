@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 _SHOWN = ("server", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed", "client_cpu_pct")
-_COUNTERS = ("rows.", "fused.", "serve_s.")  # the verifier's counters over a load (bench/servers.py)
+# the verifier's counters over a load (bench/servers.py)
+_COUNTERS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round")
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -152,8 +153,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 def markdown(rows: list[dict]) -> str:
     cols = ["server", "concurrency", "temperature", "client_processes", "tokens_per_s", "served_vs_in_process",
-            "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "acceptance_length", "completed", "requests",
-            "client_cpu_pct"]
+            "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "acceptance_length", "rows_per_round",
+            "completed", "requests", "client_cpu_pct"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -73,6 +73,8 @@ async def serve(settings: VerifierSettings) -> None:
     serve_seconds = Gauge("tandem_verifier_serve_seconds", "verifier: the engine thread's time while serving Serve "
                           "streams so far, by phase: running rounds, between one round and the next (other engine "
                           "calls, waiting for the GIL) and idle (no request to run)", ["phase"])
+    engine_counter("tandem_verifier_serve_rounds", "verifier: rounds run for Serve streams (rows per round: "
+                   "tandem_verifier_rows_total over this)", "kind", lambda: {"run": servicer.loop.rounds})
     for phase in ("round", "between", "idle"):
         serve_seconds.labels(phase).set_function(lambda phase=phase: servicer.loop.seconds()[phase])
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,

@@ -97,6 +97,7 @@ class RoundLoop:
         self._pending: list[tuple[Session, list[Admit], list[int], bool]] = []  # (session, admits, cancels, closed)
         self._scheduled = False
         self._seconds = {"round": 0.0, "between": 0.0, "idle": 0.0}
+        self.rounds = 0  # ticks that ran a round
         self._ended: float | None = None  # when the last tick ended
         self._idle = False                # it ended with nothing left to run
 
@@ -168,6 +169,7 @@ class RoundLoop:
                 start, t0 = time.time_ns(), time.perf_counter_ns()
                 ks = {r.request_id: dec.draft_len(r) for r in dec.running}
                 outputs = dec.step()
+                self.rounds += 1
                 self._hand_out(outputs, ks, start, time.perf_counter_ns() - t0)
         except Exception:  # the loop must not die with requests in it: their sessions learn of it
             log.exception("serve round failed")

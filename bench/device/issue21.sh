@@ -32,6 +32,8 @@
 # N: the in-process engine at batch 64 (1,024 HumanEval prompts, greedy) sampled by py-spy record; then A/B of the
 #    co-located stack served at c 8 and 64 greedy: BASE=path's tree and this one, twice in turn, the verifier of the
 #    last run sampled at c 64 (carry [".carry/env", ".whl", BASE]).
+# O: A/B of the co-located stack served at c 8 and 64 greedy over NUM (default 512) prompts a load, beside the
+#    in-process engine: BASE=path's tree, then this one (at most 8 files come back: logs in one archive).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -177,5 +179,13 @@ case "${PART:-A}" in
         grep -E '^\{' "$log" | cut -c1-400; echo "$tag done at $SECONDS s"
       done
     done; wait ;;
+  O)
+    for tree in "$BASE" .; do
+      tag=$([ "$tree" = . ] && echo "$name-ab" || echo "$name-ab-base")
+      (cd "$tree" && timeout 280 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+        --concurrency 8,64 --temperatures 0 --num-prompts ${NUM:-512} --max-tokens 128 --client-processes 4 \
+        --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\{' "$OUT/$tag.log" | cut -c1-420; echo "$tag done at $SECONDS s"
+    done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

@@ -32,6 +32,7 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         # a CPU: no graphs, so no fused rounds either)
         assert r["rows.prefill"] == 5 and r["rows.fused_off"] >= 5 * (6 - 1) // 4 and "fused.run" not in r
         assert r["serve_s.round"] > 0  # the engine thread's time running rounds during this load
+        assert r["serve_rounds.run"] >= 6 and 1 <= r["rows_per_round"] <= r["concurrency"]
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
             rel=1e-2)
