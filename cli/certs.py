@@ -5,7 +5,9 @@ Each certificate names the hosts its callers dial: the Services of deploy/ (``ta
 ``tandem-verifier-headless``, ...), their namespace-qualified names with ``--namespace``, and localhost. The
 gateway's is both a client certificate (towards the verifiers and drafters) and a server certificate (its client
 API, with ``--gateway-host`` for the names clients use); the verifier's and drafter's are server certificates only,
-so neither can call the other. The CA's key is not kept: to rotate or add a service, make a new set.
+so neither can call the other, unless ``--direct-draft``: then the verifier's is a client certificate too, for the
+split mode where it calls its drafter (deploy/overlays/split-direct). The CA's key is not kept: to rotate or add a
+service, make a new set.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gateway-host", action="append", default=[],
                    help="another name or address clients reach the gateway by (repeatable)")
     p.add_argument("--days", type=float, default=365.0, help="how long the certificates are valid (default 365)")
+    p.add_argument("--direct-draft", action="store_true",
+                   help="the verifier's certificate is a client certificate too: split mode with the verifier calling "
+                        "its drafter (deploy/overlays/split-direct); without it the verifier cannot call the drafter")
     p.set_defaults(run=run)
 
 
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ca = CertificateAuthority("tandem CA", days=args.days)
     write_identities(out, {"gateway": (hosts("gateway", args.namespace, args.gateway_host), True, True),
-                           "verifier": (hosts("verifier", args.namespace, []), True, False),
+                           "verifier": (hosts("verifier", args.namespace, []), True, args.direct_draft),
                            "drafter": (hosts("drafter", args.namespace, []), True, False)}, ca)
     write_private(out / "api-keys", f"{secrets.token_urlsafe(32)}\n".encode())
     ns = f" -n {args.namespace}" if args.namespace else ""

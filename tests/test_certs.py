@@ -46,6 +46,14 @@ def test_certs_for_the_cluster(tmp_path, capsys):
     assert "create secret generic tandem-api-keys --from-file=keys=" in printed
 
 
+def test_certs_for_the_split_where_the_verifier_calls_its_drafter(tmp_path, capsys):
+    """--direct-draft (deploy/overlays/split-direct): the verifier's certificate serves and calls; the drafter's
+    still only serves."""
+    assert main(["certs", "--out", str(tmp_path), "--direct-draft"]) == 0
+    assert _usages(tmp_path / "verifier.crt") == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert _usages(tmp_path / "drafter.crt") == {ExtendedKeyUsageOID.SERVER_AUTH}
+
+
 def test_certs_never_overwrite(tmp_path, capsys):
     assert main(["certs", "--out", str(tmp_path)]) == 0
     before = (tmp_path / "ca.crt").read_bytes()

@@ -16,13 +16,20 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = ROOT / "Dockerfile"
-OVERLAYS = ("split", "colocated", "dev")
+OVERLAYS = ("split", "split-direct", "colocated", "dev")
 K8S_VERSION = "1.30"
 SERVICES = ("gateway", "verifier", "drafter")
 MODE_SERVICES = {"split": {"gateway", "verifier", "drafter"},
+                 "split-direct": {"gateway", "verifier", "drafter"},
                  "colocated": {"gateway", "verifier"},
                  "dev": {"gateway", "verifier", "drafter"}}
-GPU_SERVICES = {"split": {"verifier", "drafter"}, "colocated": {"verifier"}, "dev": set()}
+GPU_SERVICES = {"split": {"verifier", "drafter"}, "split-direct": {"verifier", "drafter"}, "colocated": {"verifier"},
+                "dev": set()}
+# the overlays where the verifier runs the rounds (the gateway streams: its TANDEM_COLOCATED is true)
+VERIFIER_ROUNDS = {"colocated", "split-direct"}
+# who may call each model service's gRPC port: the gateway, except where the verifier calls its drafter
+CALLERS = {overlay: {"verifier": "gateway", "drafter": "verifier" if overlay == "split-direct" else "gateway"}
+           for overlay in OVERLAYS}
 GPU = "nvidia.com/gpu"
 
 KUBECTL = shutil.which("kubectl")

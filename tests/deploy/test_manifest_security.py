@@ -1,6 +1,7 @@
 """How the overlays protect the services: every service loads mutual-TLS settings whose files come from its own
 secret (tandem-<service>-tls: tls.crt, tls.key, ca.crt), the gateway an API keys secret and client-facing TLS;
-NetworkPolicies let only the gateway's pods reach the verifier's and drafter's gRPC ports, anyone the gateway's,
+NetworkPolicies let only the gateway's pods reach the verifier's gRPC port and the drafter's (the verifier's pods,
+where it calls its drafter), anyone the gateway's,
 and metrics and health only this namespace (and namespaces labelled for scraping); deploy/cert-manager makes exactly
 the secrets the overlays mount, with the names the gateway dials and a client certificate for the gateway alone."""
 
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from tests.deploy.manifests import (
+    CALLERS,
     DEPLOY,
     KUBECTL,
     OVERLAYS,
@@ -81,10 +83,11 @@ def _rules_for(policies: list[dict], port: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policies_let_only_the_gateway_reach_the_model_services(overlay):
+def test_network_policies_let_only_the_caller_reach_the_model_services(overlay):
+    """The verifier's gRPC port takes the gateway alone; the drafter's the gateway, or the verifier where it calls its
+    drafter (split-direct)."""
     objects = build(overlay)
     deployments = tandem_deployments(objects)
-    gateway_labels = deployments["gateway"]["spec"]["template"]["metadata"]["labels"]
     for component, d in deployments.items():
         policies = _policies_of(objects, d)
         assert len(policies) == 1 and "Ingress" in policies[0]["spec"]["policyTypes"], \
@@ -97,23 +100,25 @@ def test_network_policies_let_only_the_gateway_reach_the_model_services(overlay)
             assert any("from" not in rule for rule in grpc), "the gateway's clients may come from anywhere"
         else:
             assert grpc, f"{overlay}: nothing may reach tandem-{component}"
+            caller = CALLERS[overlay][component]
+            caller_labels = deployments[caller]["spec"]["template"]["metadata"]["labels"]
             for rule in grpc:
                 sources = rule.get("from")
                 assert sources, f"{overlay}: tandem-{component}'s gRPC port is open to anyone"
                 for source in sources:
                     assert set(source) == {"podSelector"}, f"{overlay}: tandem-{component} gRPC from {source}"
-                    assert labels_match(source["podSelector"].get("matchLabels", {}), gateway_labels) and \
-                        source["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "gateway", \
-                        f"{overlay}: tandem-{component}'s gRPC port takes {source}, not the gateway alone"
+                    assert labels_match(source["podSelector"].get("matchLabels", {}), caller_labels) and \
+                        source["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == caller, \
+                        f"{overlay}: tandem-{component}'s gRPC port takes {source}, not the {caller} alone"
         for port in ("metrics", "health"):
             for rule in _rules_for(policies, port):
                 assert rule.get("from"), f"{overlay}: tandem-{component}'s {port} port is open to anyone"
 
 
-def _cert_manager() -> tuple[dict, ...]:
+def _cert_manager(directory: str = "cert-manager") -> tuple[dict, ...]:
     if KUBECTL is None:
         pytest.skip("kubectl is not installed")
-    proc = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / "cert-manager")], capture_output=True, text=True,
+    proc = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / directory)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
@@ -146,3 +151,16 @@ def test_cert_manager_makes_the_secrets_the_overlays_mount(monkeypatch):
             f"only the gateway may use its certificate as a client ({component})"
     # every TLS secret the overlays mount is made here; the API keys are the operator's own
     assert mounted - {"tandem-api-keys"} == set(certs) - {ca_issuer}
+
+
+def test_cert_manager_direct_lets_the_verifier_call_its_drafter():
+    """deploy/cert-manager-direct (for overlays/split-direct): the same certificates, the verifier's a client one
+    too; the drafter's still serves only."""
+    usages = {c["metadata"]["name"]: c["spec"].get("usages") for c in kinds(_cert_manager(), "Certificate").values()}
+    direct = {c["metadata"]["name"]: c["spec"].get("usages")
+              for c in kinds(_cert_manager("cert-manager-direct"), "Certificate").values()}
+    assert set(direct) == set(usages)
+    assert "client auth" in direct["tandem-verifier"] and "client auth" not in usages["tandem-verifier"]
+    assert {k: v for k, v in direct.items() if k != "tandem-verifier"} == \
+        {k: v for k, v in usages.items() if k != "tandem-verifier"}
+    assert "client auth" not in direct["tandem-drafter"]

@@ -10,6 +10,7 @@ import pytest
 from tests.deploy.manifests import (
     MODE_SERVICES,
     OVERLAYS,
+    VERIFIER_ROUNDS,
     assert_tandem_command,
     build,
     config_map,
@@ -86,7 +87,7 @@ def test_each_service_starts_with_the_settings_of_its_mode(overlay, monkeypatch)
         loaded[component] = load_settings(classes[component], env, monkeypatch)
 
     gateway = loaded["gateway"]
-    assert gateway.colocated is (overlay == "colocated")
+    assert gateway.colocated is (overlay in VERIFIER_ROUNDS)
     host, _, port = gateway.verifier_address.rpartition(":")
     assert host in services and int(port) in {p["port"] for p in services[host]["spec"]["ports"]}
     assert services[host]["spec"]["selector"] == deployments["verifier"]["spec"]["selector"]["matchLabels"]
@@ -95,7 +96,10 @@ def test_each_service_starts_with_the_settings_of_its_mode(overlay, monkeypatch)
     else:
         assert loaded["verifier"].draft == "none", "a split-mode verifier should not embed a drafter"
         assert loaded["drafter"].draft != "none"
-        host, _, port = gateway.drafter_address.rpartition(":")
+        # who calls the drafter: the verifier where it runs the rounds (split-direct), else the gateway
+        caller = loaded["verifier"].direct_drafter_address if overlay in VERIFIER_ROUNDS else gateway.drafter_address
+        assert (loaded["verifier"].direct_drafter_address is None) is (overlay not in VERIFIER_ROUNDS)
+        host, _, port = caller.rpartition(":")
         assert host in services and int(port) in {p["port"] for p in services[host]["spec"]["ports"]}
         assert services[host]["spec"]["selector"] == deployments["drafter"]["spec"]["selector"]["matchLabels"]
     for component in MODE_SERVICES[overlay] - {"gateway"}:
