@@ -8,6 +8,7 @@ leaving it stops every process it started. vLLM runs from the staged peer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -37,12 +38,15 @@ class Served:
     model_name: str = "model"
     gateway: GatewayAccess | None = None  # Tandem: how to reach its gateway (TLS, API key)
     counters: Callable[[], dict[str, float]] | None = None  # Tandem: its verifier's round counters now
+    tracing: bool = False  # Tandem: its services export spans (to a receiver of the bench's own)
 
     def counters_during(self, before: dict[str, float]) -> dict[str, float]:
-        """The verifier's round counters gained since ``before`` (a ``counters()`` reading): rows by reason
-        (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``) and the
-        engine thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``), rounds run
-        (``serve_rounds.run``) and the mean rows a round ran (``rows_per_round``)."""
+        """The counters gained since ``before`` (a ``counters()`` reading): the verifier's rows by reason
+        (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``), the engine
+        thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``) and rounds run
+        (``serve_rounds.run``); each service process's CPU seconds (``cpu_s.<service>``); spans received
+        (``spans``, tracing on). Derived: the mean rows a round ran (``rows_per_round``) and the gateway's CPU per
+        round (``gateway_cpu_ms_per_round``)."""
         if self.counters is None:
             return {}
         gained = {key: round(value - before.get(key, 0.0), 4) for key, value in self.counters().items()
@@ -50,6 +54,7 @@ class Served:
         rounds = gained.get("serve_rounds.run")
         if rounds:  # how full the rounds ran: what a served load's tokens/s follows (in process: the batch size)
             gained["rows_per_round"] = round(sum(v for k, v in gained.items() if k.startswith("rows.")) / rounds, 2)
+            gained["gateway_cpu_ms_per_round"] = round(1e3 * gained.get("cpu_s.gateway", 0.0) / rounds, 4)
         return gained
 
 
@@ -63,6 +68,7 @@ class ServerOptions:
     drafter_device: str | None = None  # Tandem's split stacks: the drafter's own device (default: device)
     dtype: str | None = None
     attention: str = "auto"      # Tandem's services (TANDEM_ATTENTION)
+    tracing: bool = False        # Tandem's services export their spans over OTLP (to a receiver the bench runs)
     max_model_len: int = 4096
     work: Path = Path("/tmp/tandem-bench-serve")
 
@@ -80,20 +86,31 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
     from rpc.ports import free_block
     from rpc.stack import Stack, StackConfig
 
-    cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), colocated=name == "tandem-colocated",
-                      direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
-                      model=opts.model, device=opts.device, dtype=opts.dtype,
-                      drafter_device=None if name == "tandem-colocated" else opts.drafter_device,
-                      extra_env={"TANDEM_ATTENTION": opts.attention},
-                      gateway_flags={"max_batch_size": opts.max_batch})
-    stack = Stack(cfg)
-    stack.start()
-    try:
+    from bench.otlp_receiver import OtlpReceiver
+
+    with contextlib.ExitStack() as cleanup:
+        env = {"TANDEM_ATTENTION": opts.attention}
+        receiver = None
+        if opts.tracing:  # every span of every service, as to a collector (each round's one spec.round among them)
+            receiver = cleanup.enter_context(OtlpReceiver())
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_TRACES_EXPORTER="otlp")
+        cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), colocated=name == "tandem-colocated",
+                          direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
+                          model=opts.model, device=opts.device, dtype=opts.dtype,
+                          drafter_device=None if name == "tandem-colocated" else opts.drafter_device,
+                          extra_env=env, gateway_flags={"max_batch_size": opts.max_batch})
+        stack = Stack(cfg)
+        stack.start()
+        cleanup.callback(stack.stop)
         stack.wait_ready()
-        yield Served(name, "grpc", stack.gateway_address, gateway=stack.gateway,
-                     counters=lambda: _round_counters(stack.metrics("verifier")))
-    finally:
-        stack.stop()
+
+        def counters() -> dict[str, float]:
+            # first the spans the exporters still hold: sending them is part of the load's CPU
+            spans = {} if receiver is None else {"spans": float(_settled(receiver))}
+            return {**_round_counters(stack.metrics("verifier")), **_cpu_seconds(stack), **spans}
+
+        yield Served(name, "grpc", stack.gateway_address, gateway=stack.gateway, counters=counters,
+                     tracing=opts.tracing)
 
 
 _COUNTERS = {"tandem_verifier_rows_total": "rows", "tandem_verifier_fused_rounds_total": "fused",
@@ -107,6 +124,31 @@ def _round_counters(metrics: dict[str, float]) -> dict[str, float]:
         name, _, label = key.partition("{")
         if name in _COUNTERS:
             out[_COUNTERS[name] + "." + label.split('"')[1]] = value
+    return out
+
+
+def _settled(receiver) -> int:
+    """Spans received once the services' exporters have sent what they held: a batch goes out every
+    OTEL_BSP_SCHEDULE_DELAY ms (5,000 by default), so wait until a whole period brings none."""
+    period = float(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000")) / 1e3 + 0.5
+    n = len(receiver.spans)
+    while True:
+        time.sleep(period)
+        now = len(receiver.spans)
+        if now == n:
+            return n
+        n = now
+
+
+def _cpu_seconds(stack) -> dict[str, float]:
+    """Each service process's CPU time so far (user + system, Linux /proc), as ``cpu_s.<service>``."""
+    out = {}
+    for name, proc in stack.procs.items():
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone, or not Linux
+            continue
+        out[f"cpu_s.{name}"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
     return out
 
 

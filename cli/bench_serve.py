@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -28,6 +29,12 @@ def _csv(cast):
     return lambda text: [cast(x) for x in text.split(",") if x]
 
 
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: on or off")
+    return text == "on"
+
+
 def add_parser(sub) -> None:
     from bench.servers import SERVERS
 
@@ -47,6 +54,10 @@ def add_parser(sub) -> None:
     p.add_argument("--client-processes", type=_csv(int), default=[2],
                    help="client processes, comma-separated: each load runs once per count (default 2)")
     p.add_argument("--drafter-device", help="the split stacks' drafter device (default --device), e.g. cuda:1")
+    p.add_argument("--tracing", type=_csv(_on_off), default=[False],
+                   help="Tandem's stacks with their spans exported over OTLP to a receiver this command runs (on) or "
+                        "tracing off, comma-separated: a stack per setting, e.g. off,on for what tracing costs "
+                        "(default off)")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
     p.add_argument("--seed", type=int, default=0,
                    help="request i samples with seed SEED + i (and Poisson arrivals draw from SEED); default 0")
@@ -104,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
                          device=settings.device, drafter_device=args.drafter_device, dtype=settings.dtype,
                          attention=settings.attention,
                          max_model_len=max(len(p) for p in pool) + args.max_tokens + 64)
-    for name in args.servers:
-        with start(name, opts) as served:
+    runs = [(name, tracing) for name in args.servers
+            for tracing in (args.tracing if name.startswith("tandem") else [False])]
+    for name, tracing in runs:
+        with start(name, dataclasses.replace(opts, tracing=tracing)) as served:
             def load(c: int, t: float, max_tokens: int, procs: int) -> Load:
                 return Load(served.protocol, served.address, max_tokens, t, c, args.rate, procs, args.seed,
                             model_name=served.model_name, gateway=served.gateway)
@@ -114,10 +127,11 @@ def run(args: argparse.Namespace) -> int:
                 for c in args.concurrency:
                     run_load(load(c, t, 16, args.client_processes[0]), prompts_for(c)[:c])
             for t, c, procs in itertools.product(args.temperatures, args.concurrency, args.client_processes):
-                print(f"measuring {name} at concurrency {c}, temperature {t}, {procs} client processes", flush=True)
+                print(f"measuring {name} at concurrency {c}, temperature {t}, {procs} client processes, tracing "
+                      f"{'on' if served.tracing else 'off'}", flush=True)
                 before = served.counters() if served.counters else {}
                 row = {**run_load(load(c, t, args.max_tokens, procs), prompts_for(c)), "server": name,
-                       "draft": settings.draft if name.startswith("tandem") else None}
+                       "draft": settings.draft if name.startswith("tandem") else None, "tracing": served.tracing}
                 row.update(served.counters_during(before))
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTERS)}),
@@ -134,9 +148,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN = ("server", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed", "client_cpu_pct")
+_SHOWN = ("server", "tracing", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed",
+          "client_cpu_pct")
 # the verifier's counters over a load (bench/servers.py)
-_COUNTERS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round")
+_COUNTERS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round", "cpu_s.", "gateway_cpu_ms", "spans")
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -152,9 +167,10 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ["server", "concurrency", "temperature", "client_processes", "tokens_per_s", "served_vs_in_process",
-            "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "acceptance_length", "rows_per_round",
-            "completed", "requests", "client_cpu_pct"]
+    cols = ["server", "tracing", "concurrency", "temperature", "client_processes", "tokens_per_s",
+            "served_vs_in_process", "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
+            "acceptance_length", "rows_per_round", "gateway_cpu_ms_per_round", "completed", "requests",
+            "client_cpu_pct"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -39,6 +39,24 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
     assert "| tandem-colocated | 3 |" in (tmp_path / "t.md").read_text()
 
 
+def test_bench_serve_runs_a_stack_per_tracing_setting(tmp_path, monkeypatch):
+    """--tracing off,on: the same load on a stack without tracing and on one exporting its spans to a receiver the
+    command runs; each row says which, with the services' CPU over the load and, traced, the spans received."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # the services' exporters send every 0.2 s
+    code = main(["bench-serve", "--name", "t", "--out-dir", str(tmp_path), "--servers", "tandem-colocated",
+                 "--tracing", "off,on", "--concurrency", "2", "--num-prompts", "3", "--max-tokens", "5",
+                 "--draft", "ngram", "--device", "cpu", "--kv-cache-tokens", "8192", "--client-processes", "1"])
+    assert code == 0
+    rows = json.loads((tmp_path / "t.json").read_text())
+    assert [r["tracing"] for r in rows] == [False, True]
+    off, on = rows
+    for r in rows:
+        assert r["completed"] == 3 and r["cpu_s.gateway"] > 0 and r["gateway_cpu_ms_per_round"] > 0
+    assert "spans" not in off
+    assert on["spans"] >= on["serve_rounds.run"]  # a spec.round span per round, and the requests' own
+    assert "| tandem-colocated | True | 2 |" in (tmp_path / "t.md").read_text()
+
+
 class _VllmLikeStream(BaseHTTPRequestHandler):
     """vLLM's /v1/completions stream as its server writes it (SSE ``data:`` lines, token_ids per chunk with
     ``return_token_ids``, ``[DONE]``): the part of the peer's wire format the client parses."""

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.e2e.conftest import chat_request, generate, run, start_stack
-from tests.otlp_receiver import OtlpReceiver
+from bench.otlp_receiver import OtlpReceiver
 
 ROUND_ATTRS = ("spec.batch_size", "spec.k", "spec.drafted", "spec.accepted", "spec.acceptance_length", "spec.draft_ms",
                "spec.verify_ms", "spec.wait_ms", "spec.request_ids")

@@ -29,7 +29,7 @@ from rpc.interceptors import (
     channel_interceptors,
 )
 from rpc.telemetry import exporters_from_env, resource_from_env
-from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+from bench.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 ROOT = Path(__file__).resolve().parents[2]
 

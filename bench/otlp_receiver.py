@@ -1,4 +1,5 @@
-"""A real OTLP/gRPC trace receiver for tests: processes export to it as they would to a collector.
+"""A real OTLP/gRPC trace receiver (tests, and ``tandem bench-serve --tracing on``): processes export to it as they
+would to a collector.
 
     with OtlpReceiver() as rx:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, ...}
