@@ -25,7 +25,7 @@ from rpc.decoding import DecodeErrorInterceptor
 from rpc.interceptors import TracingServerInterceptor
 from rpc.lifetime import Shutdown, watch_parent
 from rpc.metrics import engine_gauges, serve_metrics
-from rpc.telemetry import shutdown_tracing
+from rpc.telemetry import shutdown_tracing, tracing_on
 from rpc.tls import Identity, describe, is_loopback
 
 log = logging.getLogger("tandem.rpc")
@@ -70,15 +70,18 @@ def _bind(server: grpc.aio.Server, host: str, port: int, credentials: grpc.Serve
 
 class Server:
     """One service's gRPC server: its services, health and reflection on one port, TLS where ``credentials`` are
-    given (``rpc.tls``), behind ``interceptors`` (e.g. the gateway's API keys, ``rpc.auth``) after tracing; and,
+    given (``rpc.tls``), behind ``interceptors`` (e.g. the gateway's API keys, ``rpc.auth``) after tracing (where
+    ``setup_tracing`` turned it on before); and,
     with ``health_port``, a second, plaintext server answering grpc.health.v1 alone (for probes without TLS)."""
 
     def __init__(self, services: list[Service], host: str, port: int, max_message_bytes: int,
                  reuse_port: bool = False, credentials: grpc.ServerCredentials | None = None,
                  interceptors: tuple[grpc.aio.ServerInterceptor, ...] = (), health_port: int | None = None) -> None:
         options = [*client_options(max_message_bytes), ("grpc.so_reuseport", 1 if reuse_port else 0)]
-        self.server = grpc.aio.server(interceptors=[TracingServerInterceptor(), *interceptors,
-                                                    DecodeErrorInterceptor()], options=options)
+        # a SERVER span per call where tracing is on (``setup_tracing`` runs first); off, no wrapper around every
+        # streamed message
+        traced = [TracingServerInterceptor()] if tracing_on() else []
+        self.server = grpc.aio.server(interceptors=[*traced, *interceptors, DecodeErrorInterceptor()], options=options)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for s in services:

@@ -103,6 +103,12 @@ def setup_tracing(service_name: str) -> TracerProvider | None:
         return provider
 
 
+def tracing_on() -> bool:
+    """Whether ``setup_tracing`` installed a provider in this process (else every span is a no-op)."""
+    with _lock:
+        return _provider is not None
+
+
 def shutdown_tracing() -> None:
     """Export the spans still queued and stop the exporters; safe to call when tracing is off, or twice."""
     with _lock:

@@ -36,7 +36,7 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
             rel=1e-2)
-    assert "| tandem-colocated | 3 |" in (tmp_path / "t.md").read_text()
+    assert "| tandem-colocated | False | 3 |" in (tmp_path / "t.md").read_text()
 
 
 def test_bench_serve_runs_a_stack_per_tracing_setting(tmp_path, monkeypatch):
