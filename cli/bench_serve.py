@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                        "draft": settings.draft if name.startswith("tandem") else None, "tracing": served.tracing}
                 row.update(served.counters_during(before))
                 rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTERS)}),
+                print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTER_KEYS)}),
                       flush=True)
     add_ratios(rows)
     for r in rows:
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 _SHOWN = ("server", "tracing", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed",
           "client_cpu_pct")
 # the verifier's counters over a load (bench/servers.py)
-_COUNTERS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round", "cpu_s.", "gateway_cpu_ms", "spans")
+_COUNTER_KEYS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round", "cpu_s.", "gateway_cpu_ms", "spans")
 
 
 def add_ratios(rows: list[dict]) -> None:

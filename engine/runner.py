@@ -97,21 +97,16 @@ class ModelRunner:
         pg, steps = self.prefill_graphs, self.graphs
         if pg is None:
             return []
-
-        def row(i: int) -> tuple[int, int, int]:
-            return self.allocator.length(chunks[i].seq_id), len(chunks[i].token_ids), chunks[i].num_logits
-
-        prompts = sorted((i for i, c in enumerate(chunks)
-                          if not (len(c.token_ids) <= steps.max_q_len and c.num_logits == len(c.token_ids))
-                          and pg.group_for([row(i)], aux_layers, features) is not None),
-                         key=lambda i: len(chunks[i].token_ids))
+        rows = {i: (self.allocator.length(c.seq_id), len(c.token_ids), c.num_logits) for i, c in enumerate(chunks)
+                if not (len(c.token_ids) <= steps.max_q_len and c.num_logits == len(c.token_ids))}
+        alone = {i: pg.group_for([row], aux_layers, features) for i, row in rows.items()}
         groups: list[tuple[tuple, list[int]]] = []
-        for i in prompts:
-            key = pg.group_for([row(j) for j in groups[-1][1]] + [row(i)], aux_layers, features) if groups else None
+        for i in sorted((i for i, key in alone.items() if key is not None), key=lambda i: rows[i][1]):
+            key = pg.group_for([rows[j] for j in groups[-1][1]] + [rows[i]], aux_layers, features) if groups else None
             if key is not None:
                 groups[-1] = (key, groups[-1][1] + [i])
             else:
-                groups.append((pg.group_for([row(i)], aux_layers, features), [i]))
+                groups.append((alone[i], [i]))
         return groups
 
     def _prefill(self, key, chunks: Sequence[Chunk], features: Sequence[torch.Tensor | None]

@@ -247,7 +247,7 @@ class Scheduler:
                                                  num_draft=row.k, item=_first(it, row.k)))
         ahead = not (self.waiting or eager or (fused and plan.fused_plain))
         settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
-        self._note_exits(settled)
+        self._count_rows(settled)
         return settled
 
     def _takes(self, r: Request, item: RoundItem) -> bool:
@@ -256,7 +256,7 @@ class Scheduler:
         return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
                 and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
 
-    def _note_exits(self, plan: RoundPlan) -> None:
+    def _count_rows(self, plan: RoundPlan) -> None:
         self.rows.update(row.reason.value for rows in (plan.fused, plan.fused_plain, plan.eager) for row in rows)
         for row in plan.exits:
             self.fast_path_exits[row.reason.value] += 1
