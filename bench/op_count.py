@@ -11,7 +11,7 @@ an allocation (``resize_``) counts. Steps:
 - ``forward``: one decode forward of the static (graph-shaped) path;
 - ``rejection``: a round's sampled acceptance, ``rejection_sample``'s torch steps over SmolLM2's
   vocabulary (on CUDA: ``kernels.rejection_accept``, one launch and a memset);
-- ``chain``: a round launched ahead building its inputs, ``FusedRounds._chain``'s torch steps
+- ``chain``: a round launched ahead building its inputs, ``engine.rounds.chained.chain``'s torch steps
   (on CUDA: ``kernels.next_inputs``, one launch).
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -84,13 +83,12 @@ def _rejection(batch: int, k: int) -> Callable[[], object]:
 
 
 def _chain(batch: int, k: int) -> Callable[[], object]:
-    from engine.rounds.fused import FusedRounds
+    from engine.rounds.chained import chain
 
-    g = SimpleNamespace(inputs=torch.zeros(batch, k + 2, dtype=torch.long),
-                        attn=SimpleNamespace(kv_lens=torch.full((batch,), 100)))
+    inputs, kv_lens = torch.zeros(batch, k + 2, dtype=torch.long), torch.full((batch,), 100)
     committed, accepted = torch.zeros(batch, k + 1, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
     drafts = torch.zeros(batch, k, dtype=torch.long) if k else None
-    return lambda: FusedRounds._chain(SimpleNamespace(k=k), g, committed, accepted, drafts, None)
+    return lambda: chain(inputs, kv_lens, committed, accepted, drafts)
 
 
 STEPS = {"forward": _forward, "rejection": _rejection, "chain": _chain}

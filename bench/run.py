@@ -157,8 +157,10 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
             "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size), "policy": _policy(decoder, case.batch_size),
             "pipeline_max_batch": cfg.pipeline_rows,
-            # fused rounds read after being launched ahead, and launched ahead but dropped unread (wasted)
+            # fused rounds read after being launched ahead, launched ahead but dropped unread (wasted), and launched
+            # ahead without rows that had finished (compacted)
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
+            "rounds_compacted": sum(f.compacted for f in fused),
             "fused_rounds_run": sum(f.rounds for f in fused),
             "batch_size": case.batch_size,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,

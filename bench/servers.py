@@ -42,7 +42,7 @@ class Served:
 
     def counters_during(self, before: dict[str, float]) -> dict[str, float]:
         """The counters gained since ``before`` (a ``counters()`` reading): the verifier's rows by reason
-        (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``), the engine
+        (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``, ``fused.compacted``), the engine
         thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``) and rounds run
         (``serve_rounds.run``); each service process's CPU seconds (``cpu_s.<service>``); spans received
         (``spans``, tracing on). Derived: the mean rows a round ran (``rows_per_round``) and the gateway's CPU per

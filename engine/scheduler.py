@@ -56,7 +56,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def _blocks_needed(self, r: Request) -> int:
-        worst = min(len(r.prompt_ids) + r.params.max_tokens, self.max_context) + self.config.max_k + 1
+        # a round launched ahead writes up to 2k + 1 entries past a row's committed length (engine/rounds/fused.py)
+        worst = min(len(r.prompt_ids) + r.params.max_tokens, self.max_context) + 2 * self.config.max_k + 2
         return self.target.allocator.blocks_for(worst)
 
     def create(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None,
@@ -245,7 +246,9 @@ class Scheduler:
             else:
                 eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
                                                  num_draft=row.k, item=_first(it, row.k)))
-        ahead = not (self.waiting or eager or (fused and plan.fused_plain))
+        # the next round launched now unless rows join a graph next round (a prefill now) or both graphs run;
+        # requests waiting to be admitted do not stop it: their prefill runs beside the round launched ahead
+        ahead = not (eager or (fused and plan.fused_plain))
         settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
         self._count_rows(settled)
         return settled

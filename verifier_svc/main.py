@@ -69,7 +69,8 @@ async def serve(settings: VerifierSettings) -> None:
     engine_counter("tandem_verifier_rows", "verifier: rows of every round, by why they ran where they ran "
                    "(engine/rounds/base.py Reason: on_graph, demoted, prefill, ...)", "reason", engine.rows)
     engine_counter("tandem_verifier_fused_rounds", "verifier: fused (graph) rounds run, of them launched ahead of "
-                   "the round before, and rounds launched ahead but dropped unread", "outcome", engine.fused_rounds)
+                   "the round before, rounds launched ahead but dropped unread, and rounds launched ahead without the rows "
+                   "that had finished (compacted)", "outcome", engine.fused_rounds)
     serve_seconds = Gauge("tandem_verifier_serve_seconds", "verifier: the engine thread's time while serving Serve "
                           "streams so far, by phase: running rounds, between one round and the next (other engine "
                           "calls, waiting for the GIL) and idle (no request to run)", ["phase"])

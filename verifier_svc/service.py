@@ -217,10 +217,10 @@ class VerifierEngine:
 
     def fused_rounds(self) -> dict[str, int]:
         """Fused rounds so far (both graphs): run, of them launched ahead of the round before, and rounds launched
-        ahead that were dropped unread (their rows changed)."""
+        ahead that were dropped unread (their rows changed) or launched without rows that had finished (compacted)."""
         graphs = [g for g in (self.decoder.fused, self.decoder.fused_plain) if g is not None]
         return {"run": sum(g.rounds for g in graphs), "launched_ahead": sum(g.rounds_ahead for g in graphs),
-                "dropped": sum(g.dropped for g in graphs)}
+                "dropped": sum(g.dropped for g in graphs), "compacted": sum(g.compacted for g in graphs)}
 
     def stats(self) -> dict[str, int]:
         alloc = self.decoder.target.allocator

@@ -10,6 +10,9 @@
 #    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
 #    call; carry it: `git archive 07c691b | tar -x -C .carry/base`); PIPE=N: and this tree with --pipeline-max-batch N
 #    at bs 16 and 64, greedy.
+# V: rounds launched ahead through rows finishing (chained rows compacted, room counted down on the device): the GPU
+#    tests of rounds launched ahead, then tandem bench at bs 1, 4, 16, 64, greedy, speculation at every size
+#    (--spec-max-batch 64) and plain, HumanEval 64 prompts: BASE=path's tree, then this one.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -51,5 +54,16 @@ case "${PART:-P}" in
         --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     fi ;;
+  V)
+    timeout 200 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
+      -k "launched_ahead or captured_sampled_rounds" > "$OUT/gpu-tests.log" 2>&1; tail -3 "$OUT/gpu-tests.log"
+    echo "tests done at $SECONDS s"
+    for tree in ${BASE:-} .; do
+      tag=$([ "$tree" = . ] && echo "$name-forced" || echo "$name-forced-base")
+      (cd "$tree" && timeout 190 python3 -m cli.main bench --name "$tag" --dataset humaneval --num-prompts 64 \
+        --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0 --spec-max-batch 64 \
+        --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-12 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    done ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-P}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"

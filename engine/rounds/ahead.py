@@ -6,12 +6,14 @@ lengths) chained on the device. Until round r is read the host does not know r +
 (``Launch.lengths`` is None); ``known`` fills them in right after the read. Meanwhile every KV block the
 launch may write stays allocated: round r rolls each row back with ``keep_blocks``.
 
-The next round either *takes* it (``take``: the same rows in the same order, at the same lengths, verifying
-the same number of drafts) and only reads it, or it is *dropped*: by ``take`` on any difference, or by
-``expect`` when the scheduler is about to run other rows (one finishes, one arrives, one runs elsewhere). A
-dropped launch is never read: the KV blocks it held past each row's length go back to their allocators (no
-other forward may see them), and its sampled rows' drafter draws are rewound (their next round draws what it
-drew).
+The next round either *takes* it (``take``: the same rows, at the same lengths, verifying the same number of
+drafts; rows that finished since it was launched may be missing: their outputs are not read) and only reads
+it, or it is *dropped*: by ``take`` on any other difference, or by ``expect`` when the scheduler is about to
+run other rows (one that still runs goes elsewhere, one joins). Rows arriving beside it (prefills, run in an
+eager round) do not drop it. A dropped launch is never read: the KV blocks it held past each row's length go
+back to their allocators (no other forward may see them), and its sampled rows' drafter draws are rewound
+(their next round draws what it drew). A finished row's blocks went back when it finished: the GPU runs the
+launch before anything enqueued later can reuse them.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class Launch:
-    """A replay on its way: the rows it runs (request ids, in order), each row's L (None while it is chained
-    from a round not yet read), the drafts each verifies and where its output lands on the host."""
+    """A replay on its way: the rows it runs (request ids, in order), each row's L and the drafts it verifies
+    (None while it is chained from a round not yet read) and where its output lands on the host."""
 
     g: Any                             # the graph it replays (``fused._RoundGraph``)
     rows: tuple[str, ...]
     lengths: list[int] | None
-    num_draft: tuple[int, ...]
+    num_draft: tuple[int, ...] | None
     out: torch.Tensor                  # [n, 2k+2] on the host (a pinned slot) or the graph's own buffer (eager)
     done: "torch.cuda.Event | None"
     sampled: tuple[str, ...] = ()      # its sampled rows (a dropped round gives back their drafter draws)
@@ -56,30 +58,50 @@ class LaunchedAhead:
         assert self.launch is None, "one round launched ahead at a time"
         self.launch = launch
 
-    def known(self, lengths: list[int]) -> None:
-        """The round before it was read: each row's L once that round's tokens are committed."""
-        self.launch.lengths = lengths
+    def known(self, lengths: list[int], num_draft: tuple[int, ...]) -> None:
+        """The round before it was read: each row's L once that round's tokens are committed, and the drafts it
+        verifies (engine/rounds/chained.py's ``count_down``)."""
+        self.launch.lengths, self.launch.num_draft = lengths, num_draft
 
-    def take(self, rows: tuple[str, ...], lengths: Sequence[int], num_draft: tuple[int, ...]) -> Launch | None:
-        """The launch, if it runs exactly this round (else it is dropped); there is none held afterwards."""
+    def take(self, rows: tuple[str, ...], lengths: Sequence[int], num_draft: tuple[int, ...]
+             ) -> tuple[Launch, list[int]] | None:
+        """The launch and where each of ``rows`` is in it, if it runs this round (else it is dropped); there is
+        none held afterwards."""
         launch, self.launch = self.launch, None
-        if launch is not None and (launch.rows, launch.lengths, launch.num_draft) != (rows, list(lengths), num_draft):
+        if launch is None:
+            return None
+        index = self._index(launch, rows)
+        if (index is None or [launch.lengths[i] for i in index] != list(lengths)
+                or tuple(launch.num_draft[i] for i in index) != num_draft):
             self._drop(launch)
             return None
-        return launch
+        return launch, index
 
     def expect(self, rows: tuple[str, ...]) -> None:
-        """Before a round's rows are chosen to run anywhere: unless the launch runs exactly these requests next,
-        drop it."""
-        if self.launch is not None and self.launch.rows != rows:
+        """Before a round's rows are chosen to run anywhere: unless the launch runs these requests next (and
+        only requests that finished besides), drop it."""
+        if self.launch is not None and self._index(self.launch, rows) is None:
             self._drop(self.launch)
             self.launch = None
+
+    def _index(self, launch: Launch, rows: tuple[str, ...]) -> list[int] | None:
+        """Each row's position in the launch, if the launch holds every one of them and its other rows have
+        finished (their KV is gone); else None."""
+        if launch.rows == rows:
+            return list(range(len(rows))) if rows else None
+        at = {rid: i for i, rid in enumerate(launch.rows)}
+        index = [at.get(rid) for rid in rows]
+        if not rows or None in index:
+            return None
+        kept = set(rows)
+        return None if any(rid in self.target for rid in launch.rows if rid not in kept) else index
 
     def _drop(self, launch: Launch) -> None:
         self.dropped += 1
         program = launch.g.program
-        if launch.sampled and program is not None:
-            program.rewind(launch.sampled)
+        live = [rid for rid in launch.sampled if rid in self.target]
+        if live and program is not None:
+            program.rewind(live)
         for alloc in {self.target} | ({program.allocator} if program is not None and program.allocator else set()):
             for rid in launch.rows:
                 if rid in alloc:

@@ -99,7 +99,7 @@ class RoutedRow:
 class RoundPlan:
     """One round's rows by executor, each row with its reason. ``entering`` is empty once the drafter's drafts
     are in (``Scheduler.settle``); ``launch_ahead``: the graph may launch its next round before this one is
-    read (the same rows will come back: none waits to join, none runs eagerly, one graph runs)."""
+    read (the same rows will come back, but for those that finish: none runs eagerly, one graph runs)."""
 
     fused: tuple[RoutedRow, ...] = ()
     fused_plain: tuple[RoutedRow, ...] = ()

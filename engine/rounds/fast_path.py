@@ -82,10 +82,10 @@ class FastPath:
 
     def expect(self, plan: RoundPlan) -> None:
         """Before the drafter runs for a round: a round launched ahead for other rows than those about to run on
-        its graph is dropped (every one, while any row runs off the graphs)."""
+        its graph (besides rows that finished) is dropped; rows arriving off the graphs leave it be."""
         for g, rows in ((self.fused, plan.fused), (self.fused_plain, plan.fused_plain)):
             if g is not None:
-                g.expect(() if plan.off_graph else tuple(row.request_id for row in rows))
+                g.expect(tuple(row.request_id for row in rows))
 
     def drop_ahead(self) -> None:
         """A caller is about to run rounds of its own (the verifier service's Prefill and Verify)."""

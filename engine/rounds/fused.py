@@ -38,6 +38,7 @@ from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
 from engine.models import ops
 from engine.rounds.ahead import Launch, LaunchedAhead
+from engine.rounds.chained import chain, compact, count_down
 from engine.rounds.base import RowResult
 from engine.rounds.graph_sampling import Mode, RoundSampling
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
@@ -67,6 +68,8 @@ class _RoundGraph:
     inputs: torch.Tensor            # [R, k+2] long: t0, the k pending drafts and how many of them to verify
     sampling: RoundSampling | None  # sampled modes only
     chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
+    key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
+    room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (chaining graphs, k > 0)
     out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
@@ -92,6 +95,7 @@ class FusedRounds:
             alloc.extend(PAD_SEQ, 1)
         self.scratch_block = alloc.block_table(PAD_SEQ)[0]
         self._offsets = torch.arange(k + 1, device=target.device)
+        self._pad_inputs = torch.tensor([0] * (k + 1) + [k], dtype=torch.long, device=target.device)  # padding row
         self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.ahead = LaunchedAhead(alloc)  # the next round, launched before the last one was read
@@ -104,6 +108,7 @@ class FusedRounds:
         self._launches = 0
         self.rounds = 0  # rounds run (a counter for stats and tests)
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
+        self.compacted = 0  # rounds launched ahead without the rows that had finished (engine/rounds/chained.py)
 
     @property
     def dropped(self) -> int:
@@ -127,10 +132,14 @@ class FusedRounds:
         host's work on this round's output then overlaps the GPU's next round."""
         k, n = self.k, len(rows)
         lengths = [len(r.token_ids) - 1 for r in rows]  # L: everything but t0 is in the target's KV
-        launch = self.ahead.take(tuple(r.request_id for r in rows), lengths, tuple(r.num_draft for r in rows))
-        if launch is None:
+        taken = self.ahead.take(tuple(r.request_id for r in rows), lengths, tuple(r.num_draft for r in rows))
+        index = None  # each row's place in the launch, where rows that finished since it was launched are gone
+        if taken is None:
             launch = self._launch(rows, lengths)
         else:  # the KV lengths this round wrote, inside the blocks it was launched with
+            launch, index = taken
+            if index == list(range(len(launch.rows))):
+                index = None
             self.rounds_ahead += 1
             for r, length in zip(rows, lengths):
                 self.target.allocator.extend(r.request_id, length + k + 1)
@@ -141,9 +150,11 @@ class FusedRounds:
         q_out = g.q_out
         if chained:
             if q_out is not None:  # the next drafts' q, before the round launched next overwrites it
-                q_out = q_out[:n].clone()
-            self.ahead.hold(self._launch_chained(g, rows, lengths))
+                q_out = q_out[:n].clone() if index is None else q_out[index]
+            self.ahead.hold(self._launch_chained(g, rows, lengths, index))
         out = launch.read()
+        if index is not None:
+            out = [out[i] for i in index]
         self.rounds += 1
         alloc = self.target.allocator
         results = []
@@ -155,8 +166,9 @@ class FusedRounds:
             q = q_out[i] if q_out is not None and not r.params.greedy else None
             drafted = min(r.num_draft, _real(r.drafts)) if self.one_hot else r.num_draft
             results.append(RowResult(row[: a + 1], a, drafted, row[k + 2:] if k else None, q))
-        if chained:  # the L each row will have once this round's tokens are committed
-            self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)])
+        if chained:  # the L each row will have once this round's tokens are committed, the drafts it verifies
+            self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)],
+                             tuple(min(r.num_draft, max(r.room - row[k + 1] - 2, 0)) for r, row in zip(rows, out)))
         return results
 
     def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
@@ -200,38 +212,47 @@ class FusedRounds:
         inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft] for r in rows],
                                   dtype=torch.long).view(n, k + 2)
         g.inputs.copy_(inputs, non_blocking=True)
-        return self._replay(g, rows, list(lengths))
+        if g.room is not None:
+            g.room.copy_(torch.tensor([r.room for r in rows] + [0] * (rows_b - n), dtype=torch.long),
+                         non_blocking=True)
+        return self._replay(g, rows, list(lengths), tuple(r.num_draft for r in rows))
 
     def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
-        """Whether the next round of these rows can be launched now, before this one is read: room for two rounds
-        and the drafts after them in every row (so each verifies as many drafts next round as now: the chained
-        round keeps the num_draft column), and the next round's longest row, however many drafts this one
-        accepts, still inside this graph's context bucket."""
+        """Whether the next round of these rows can be launched now, before this one is read: every row's room
+        known (each verifies next round what the host would give it: engine/rounds/chained.py counts it down),
+        and the next round's longest row, however many drafts this one accepts, still inside this graph's
+        context bucket."""
         k = self.k
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.room >= 2 * k + 2 for r in rows)
+                and all(r.room > 0 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
-    def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:
+    def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
+                        index: list[int] | None) -> Launch:
         """The round after the one in flight: KV grown for its worst case (every draft accepted now), the
         block tables copied; its tokens, drafts and KV lengths are what the round in flight left in the
-        graph's inputs."""
+        graph's inputs. Rows that finished since that round was launched (``index`` skips them) leave: the
+        live rows' buffers move up, into the smallest bucket that holds them where it chains too."""
         k, alloc = self.k, self.target.allocator
+        if index is not None:
+            g = self._compact(g, index)
+            self.compacted += 1
         for r, length in zip(rows, lengths):
             alloc.extend(r.request_id, length + 2 * k + 2)
         g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], None)
         if g.sampling is not None:
-            g.sampling.load(rows, chained=True)
+            g.sampling.load(rows, chained=True, params=index is not None)
         if g.program is not None:
             g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)],
                            chained=True)
-        launch = self._replay(g, rows, None)
+        launch = self._replay(g, rows, None, None)
         launch.sampled = tuple(r.request_id for r in rows if not r.params.greedy)
         return launch
 
-    def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None) -> Launch:
+    def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None,
+                num_draft: tuple[int, ...] | None) -> Launch:
         n = len(rows)
-        ids, num_draft = tuple(r.request_id for r in rows), tuple(r.num_draft for r in rows)
+        ids = tuple(r.request_id for r in rows)
         if g.graph is None:
             with torch.inference_mode():
                 self._compute(g)
@@ -245,6 +266,19 @@ class FusedRounds:
         out.copy_(g.out[:n], non_blocking=True)
         done.record()
         return Launch(g, ids, lengths, num_draft, out, done)
+
+    def _compact(self, src: _RoundGraph, index: list[int]) -> _RoundGraph:
+        """The chained buffers of the rows at ``index`` of ``src``, moved to the front of the smallest bucket
+        (same context, same mode) that holds them and chains, else of ``src`` itself; returns that graph."""
+        rows_b, ctx, mode = src.key
+        dst = self._graphs.get((self._bucket(len(index)), ctx, mode))
+        if dst is None or not dst.chains:
+            dst = src
+        k, s_in, d_in = self.k, src.sampling, dst.sampling
+        q = (s_in.q_in, d_in.q_in) if s_in is not None and s_in.q_in is not None else (None, None)
+        compact((src.inputs, src.attn.kv_lens, src.room, q[0]), (dst.inputs, dst.attn.kv_lens, dst.room, q[1]),
+                (self._pad_inputs, k + 1, 0, None), index, self.target.device)
+        return dst
 
     # ------------------------------------------------------------------ the graph
     def _compute(self, g: _RoundGraph) -> None:
@@ -281,29 +315,10 @@ class FusedRounds:
             if q is not None:
                 g.q_out.copy_(q)
         if g.chains:
-            self._chain(g, committed, accepted, parts[2] if g.program is not None else None, q)
-
-    def _chain(self, g: _RoundGraph, committed: torch.Tensor, accepted: torch.Tensor,
-               next_drafts: torch.Tensor | None, q: torch.Tensor | None) -> None:
-        """The next round's inputs, left in this graph's own input buffers (what a round launched ahead reads;
-        a round launched from the host overwrites them): t0 becomes this round's last committed token, the
-        drafts its next drafts (and, in sampling rounds, their q), and each live row's KV length grows by the
-        tokens committed; each row's num_draft stays. Padding rows (KV length exactly k + 1) stay as they are.
-        On CUDA all but the q is one launch (``kernels.next_inputs``), else the torch steps below."""
-        k, kv = self.k, g.attn.kv_lens                                          # [R]
-        if q is not None:                                                      # [R, k, V], before kv moves
-            g.sampling.q_in.copy_(torch.where((kv > k + 1)[:, None, None], q, g.sampling.q_in))
-        if ops.use_kernels(kv):  # one launch (kernels.next_inputs, the same steps)
-            from kernels.next_inputs import next_inputs
-
-            next_inputs(g.inputs, kv, committed, accepted, next_drafts)
-            return
-        live = (kv > k + 1)[:, None]                                           # [R, 1]
-        nxt = committed.gather(1, accepted[:, None])                           # [R, 1]
-        if next_drafts is not None:
-            nxt = torch.cat([nxt, next_drafts], dim=1)                         # [R, k + 1]
-        g.inputs[:, : k + 1].copy_(torch.where(live, nxt, g.inputs[:, : k + 1]))
-        kv.add_(torch.where(live[:, 0], accepted + 1, 0))
+            chain(g.inputs, g.attn.kv_lens, committed, accepted, parts[2] if g.program is not None else None,
+                  q, g.sampling.q_in if q is not None else None)
+            if g.room is not None:
+                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
 
     def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:
         t = self.target
@@ -316,7 +331,9 @@ class FusedRounds:
         program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
         inputs[:, self.k + 1] = self.k
-        g = _RoundGraph(attn, program, inputs, sampling, rows <= self.pipeline_rows)
+        chains = rows <= self.pipeline_rows
+        room = torch.zeros(rows, dtype=torch.long, device=t.device) if chains and self.k else None
+        g = _RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), room)
         with torch.inference_mode():
             self._compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
         if self.capture:

@@ -73,13 +73,14 @@ class RoundSampling:
         p = RowParams.unpack(self.params)
         self.greedy, self.temperature, self.top_k, self.top_p = p.greedy, p.temperature, p.top_k, p.top_p
 
-    def load(self, rows: Sequence["FusedRow"], chained: bool = False) -> None:
+    def load(self, rows: Sequence["FusedRow"], chained: bool = False, params: bool = False) -> None:
         """Parameters, coins (every row's at its seed and draw, as the eager round draws them; a greedy or
         padding row's are drawn and unused) and the pending drafts' q; rows past the batch become greedy
         padding. ``chained``: the round after the one in flight (its draw numbers one further; the parameters
-        stay, and the q of its drafts is what the round in flight leaves in ``q_in``)."""
+        stay unless ``params`` (its rows were compacted), and the q of its drafts is what the round in flight
+        leaves in ``q_in``)."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
-        if not chained:
+        if not chained or params:
             self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
                                        [r.draw + chained for r in rows] + [0] * pad]), non_blocking=True)

@@ -101,8 +101,9 @@ def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
 def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
     """With graphs the next fused round is launched before the host reads this one (``pipeline_max_batch``, 64 by
     default), its inputs chained on the GPU, its output copied to pinned memory. Rows leave at different rounds
-    (max_tokens, EOS), rounds launched ahead are used and dropped, then one request runs alone: greedy output
-    equals plain decoding, and pipelining off decodes the same."""
+    (max_tokens, EOS) and leave the chain (the live rows' buffers compacted on the GPU, into a smaller bucket's
+    graph where one is captured), then one request runs alone: greedy output equals plain decoding, and
+    pipelining off decodes the same."""
     params = [SamplingParams(max_tokens=16 + 9 * i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
     plain = _decoder(f32, "none", 0, False).generate(prompts, params)
     dec = _decoder(f32, draft, k, True, fused=True)
@@ -112,6 +113,7 @@ def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
     alone = dec.generate(prompts[1:2], params[-1])
     assert alone[0].new_token_ids == _decoder(f32, "none", 0, False).generate(prompts[1:2], params[-1])[0].new_token_ids
     assert dec.fused.rounds_ahead > dec.fused.rounds // 3
+    assert dec.fused.compacted >= 1
     off = make_decoder(f32, draft, k=k, device="cuda", dtype="float32", attention="torch", pipeline_max_batch=0)
     assert [o.new_token_ids for o in off.generate(prompts, params)] == [o.new_token_ids for o in plain]
     assert off.fused.rounds_ahead == 0

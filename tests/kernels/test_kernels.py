@@ -279,9 +279,7 @@ def chained_round(gen: torch.Generator, r: int, k: int, padding: int):
 
 @pytest.mark.parametrize("r,k,padding", [(1, 4, 0), (8, 4, 3), (16, 1, 5), (4, 0, 1)])
 def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, padding):
-    from types import SimpleNamespace
-
-    from engine.rounds.fused import FusedRounds
+    from engine.rounds.chained import chain
 
     inputs, kv, committed, accepted, next_drafts = chained_round(torch.Generator().manual_seed(r + k), r, k, padding)
     want = next_inputs_reference(inputs, kv, committed, accepted, next_drafts)
@@ -289,9 +287,9 @@ def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, paddi
     next_inputs(got_inputs, got_kv, committed, accepted, next_drafts)
     assert_equal((got_inputs, got_kv), want)
     # the fused round's own torch steps (its CPU path) leave the graph's buffers the same way
-    g = SimpleNamespace(inputs=inputs.clone(), attn=SimpleNamespace(kv_lens=kv.clone()))
-    FusedRounds._chain(SimpleNamespace(k=k), g, committed, accepted, next_drafts, None)
-    assert_equal((g.inputs, g.attn.kv_lens), want)
+    g_inputs, g_kv = inputs.clone(), kv.clone()
+    chain(g_inputs, g_kv, committed, accepted, next_drafts)
+    assert_equal((g_inputs, g_kv), want)
     # live rows: t0 is the last committed token, the drafts the next ones, the length grown by the committed
     for b in range(r - padding):
         a = int(accepted[b])

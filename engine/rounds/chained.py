@@ -1,0 +1,82 @@
+"""What a round launched ahead keeps on the device between rounds (engine/rounds/ahead.py, engine/rounds/fused.py).
+
+A captured round's rows carry, in its graph's buffers, t0, the pending drafts and how many of them to verify
+(``inputs`` [R, k + 2]), the KV length (``kv_lens`` [R]) and the tokens each row may still commit
+(``room`` [R]). ``chain`` (inside the graph) leaves the next round's inputs in those buffers; two more steps
+keep a chain of rounds what the host would have launched:
+
+- ``count_down`` (inside the graph, after the inputs are chained): each live row's room shrinks by the tokens it
+  committed and its number of drafts to verify becomes min(its own, room - 1), exactly the host's
+  ``Scheduler.draft_len`` for the next round. So a row near its max_tokens still takes rounds launched ahead,
+  verifying fewer drafts as it nears its end, instead of stopping the chain for the whole batch.
+- ``compact`` (outside, before a replay): rows that finished since the round in flight was launched leave the
+  chain; the live rows' buffers move up, in the host's order, into this graph or a smaller bucket's, and the
+  rows after them become padding (KV length k + 1 in the scratch block, as a bucket's padding rows are). So a
+  row finishing does not stop the chain either.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from engine.models import ops
+
+
+def chain(inputs: torch.Tensor,               # [R, k+2] long, updated in place
+          kv_lens: torch.Tensor,              # [R] long, updated in place
+          committed: torch.Tensor,            # [R, k+1] long: this round's committed tokens
+          accepted: torch.Tensor,             # [R] long
+          next_drafts: torch.Tensor | None,   # [R, k] long: the drafter's next drafts (None with k 0)
+          q: torch.Tensor | None = None,      # [R, k, V] float32: their q (sampling rounds)
+          q_in: torch.Tensor | None = None,   # [R, k, V] float32: where the next round reads it, updated in place
+          ) -> None:
+    """The next round's inputs (what a round launched ahead reads; a round launched from the host overwrites them):
+    t0 becomes this round's last committed token, the drafts its next drafts (and, in sampling rounds, their q),
+    and each live row's KV length grows by the tokens committed; each row's num_draft stays. Padding rows (KV
+    length exactly k + 1) stay as they are. On CUDA all but the q is one launch (``kernels.next_inputs``), else
+    the torch steps below."""
+    k = committed.shape[1] - 1
+    if q is not None:                                                          # before kv moves
+        q_in.copy_(torch.where((kv_lens > k + 1)[:, None, None], q, q_in))
+    if ops.use_kernels(kv_lens):  # one launch (kernels.next_inputs, the same steps)
+        from kernels.next_inputs import next_inputs
+
+        next_inputs(inputs, kv_lens, committed, accepted, next_drafts)
+        return
+    live = (kv_lens > k + 1)[:, None]                                          # [R, 1]
+    nxt = committed.gather(1, accepted[:, None])                               # [R, 1]
+    if next_drafts is not None:
+        nxt = torch.cat([nxt, next_drafts], dim=1)                             # [R, k + 1]
+    inputs[:, : k + 1].copy_(torch.where(live, nxt, inputs[:, : k + 1]))
+    kv_lens.add_(torch.where(live[:, 0], accepted + 1, 0))
+
+
+def count_down(inputs: torch.Tensor,    # [R, k+2] long: t0, k drafts, how many of them to verify (chained)
+               kv_lens: torch.Tensor,   # [R] long: chained (live rows > k + 1)
+               room: torch.Tensor,      # [R] long: tokens each row may still commit, before this round
+               accepted: torch.Tensor,  # [R] long: drafts this round accepted
+               k: int) -> None:
+    live = kv_lens > k + 1
+    left = torch.where(live, room - accepted - 1, room)
+    room.copy_(left)
+    nd = inputs[:, k + 1]
+    inputs[:, k + 1].copy_(torch.where(live, torch.minimum(nd, (left - 1).clamp(min=0)), nd))
+
+
+def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffers, each [R_src, ...]
+            dst: Sequence[torch.Tensor | None],  # the destination graph's, the same kinds, each [R_dst, ...]
+            pads: Sequence[object],              # each buffer's padding row value (None: left as it is)
+            index: Sequence[int],                # [n] the live rows' positions in src, in the host's order
+            device: torch.device) -> None:
+    """dst[:n] = src[index], dst[n:] = padding, buffer by buffer (src may be dst: the gather copies first)."""
+    n = len(index)
+    idx = torch.tensor(list(index), dtype=torch.long).to(device, non_blocking=True)
+    for s, d, pad in zip(src, dst, pads):
+        if s is None:
+            continue
+        live = s.index_select(0, idx)
+        if pad is not None and n < d.shape[0]:
+            d[n:] = pad
+        d[:n] = live
