@@ -220,11 +220,12 @@ class FusedRounds:
     def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
         """Whether the next round of these rows can be launched now, before this one is read: every row's room
         known (each verifies next round what the host would give it: engine/rounds/chained.py counts it down),
-        and the next round's longest row, however many drafts this one accepts, still inside this graph's
-        context bucket."""
+        some row sure to outlive this round (else the launch would likely be thrown away: one request's last
+        round), and the next round's longest row, however many drafts this one accepts, still inside this
+        graph's context bucket."""
         k = self.k
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.room > 0 for r in rows)
+                and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + 1 for r in rows)
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
     def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],

@@ -45,10 +45,11 @@ def test_rounds_launched_ahead_decode_what_the_eager_engine_decodes(smollm, prom
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
     assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
     f = dec.fused
-    # every round but the first (and, speculating, the rows' entry into the graph) was launched ahead: rows near
-    # their end and the rounds after one finished too
-    assert f.rounds_ahead >= f.rounds - (1 if k == 0 else 2), (f.rounds, f.rounds_ahead)
-    assert f.compacted >= 2 and f.dropped == 0  # two rows left the chain as they finished
+    # every round but the first was launched ahead (speculating: but the rows' entry into the graph and the last
+    # row's final rounds, where it may finish and nothing would outlive them): rows near their end and the rounds
+    # after one finished too
+    assert f.rounds_ahead >= f.rounds - (1 if k == 0 else 4), (f.rounds, f.rounds_ahead)
+    assert f.compacted >= 1 and f.dropped == 0  # rows left the chain as they finished, none thrown away
     dec.fused.expect(())
     assert [a.free_blocks for a in _allocators(dec)] == free  # nothing held past the requests
     assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
