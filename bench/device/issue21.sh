@@ -34,6 +34,11 @@
 #    last run sampled at c 64 (carry [".carry/env", ".whl", BASE]).
 # O: A/B of the co-located stack served at c 8 and 64 greedy over NUM (default 512) prompts a load, beside the
 #    in-process engine: BASE=path's tree, then this one (at most 8 files come back: logs in one archive).
+# P: A/B in alternation: a warm-up load first (the first process of a call reads slow: kernels compiled, clocks),
+#    then BASE=path's tree and NEW=path's tree (default: this one) in turn, REPS (default 2) times each:
+#    bench-serve co-located at c 8 and 64 greedy over NUM (default 384) prompts, beside the in-process engine.
+#    KIND=inproc: tandem bench instead, bs 1, 4, 16, 64 greedy, none,auto,ngram, speculation at every size, NUM
+#    prompts (default 128).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -187,5 +192,23 @@ case "${PART:-A}" in
         --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\{' "$OUT/$tag.log" | cut -c1-420; echo "$tag done at $SECONDS s"
     done ;;
+  P)
+    serve() {  # tree tag [extra args]
+      (cd "$1" && timeout 200 python3 -m cli.main bench-serve --name "$2" --servers tandem-colocated --concurrency 8,64 \
+        --temperatures 0 --num-prompts ${NUM:-384} --max-tokens 128 --client-processes 4 --attention torch \
+        --device cuda --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1); grep -E '^\{' "$OUT/$2.log" | cut -c1-160; }
+    inproc() {  # tree tag
+      (cd "$1" && timeout 150 python3 -m cli.main bench --name "$2" --dataset humaneval --num-prompts ${NUM:-128} \
+        --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0 --spec-max-batch 64 \
+        --attention torch --device cuda --out-dir "$OUT" > "$OUT/$2.log" 2>&1)
+      grep -E '^\|' "$OUT/$2.md" | cut -d'|' -f2,4,8,10 | tr '\n' ';'; echo; }
+    run=$([ "${KIND:-serve}" = inproc ] && echo inproc || echo serve)
+    if [ "$run" = serve ]; then NUM=64 serve "${NEW:-.}" warmup; else NUM=16 inproc "${NEW:-.}" warmup; fi
+    rm -f "$OUT"/warmup.*; echo "warm-up done at $SECONDS s"
+    for rep in $(seq ${REPS:-2}); do
+      $run "$BASE" "$name-$run$rep-base"; echo "base $rep done at $SECONDS s"
+      $run "${NEW:-.}" "$name-$run$rep"; echo "new $rep done at $SECONDS s"
+    done
+    rm -f "$OUT"/*.md ;;  # the json rows say it all (at most 8 files come back)
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
