@@ -35,7 +35,7 @@
 # O: A/B of the co-located stack served at c 8 and 64 greedy over NUM (default 512) prompts a load, beside the
 #    in-process engine: BASE=path's tree, then this one (at most 8 files come back: logs in one archive).
 # P: A/B in alternation: a warm-up load first (the first process of a call reads slow: kernels compiled, clocks),
-#    then BASE=path's tree and NEW=path's tree (default: this one) in turn, REPS (default 2) times each:
+#    then BASE=path's tree and NEW=path's tree (default: this one) in turn, REPS (default 2) times each (ABBA):
 #    bench-serve co-located at c 8 and 64 greedy over NUM (default 384) prompts, beside the in-process engine.
 #    KIND=inproc: tandem bench instead, bs 1, 4, 16, 64 greedy, none,auto,ngram, speculation at every size, NUM
 #    prompts (default 128).
@@ -205,9 +205,11 @@ case "${PART:-A}" in
     run=$([ "${KIND:-serve}" = inproc ] && echo inproc || echo serve)
     if [ "$run" = serve ]; then NUM=64 serve "${NEW:-.}" warmup; else NUM=16 inproc "${NEW:-.}" warmup; fi
     rm -f "$OUT"/warmup.*; echo "warm-up done at $SECONDS s"
-    for rep in $(seq ${REPS:-2}); do
-      $run "$BASE" "$name-$run$rep-base"; echo "base $rep done at $SECONDS s"
-      $run "${NEW:-.}" "$name-$run$rep"; echo "new $rep done at $SECONDS s"
+    for rep in $(seq ${REPS:-2}); do  # base, new, then new, base: a drift over the call cancels out
+      for t in $([ $((rep % 2)) = 1 ] && echo base new || echo new base); do
+        if [ $t = base ]; then $run "$BASE" "$name-$run$rep-base"; else $run "${NEW:-.}" "$name-$run$rep"; fi
+        echo "$t $rep done at $SECONDS s"
+      done
     done
     rm -f "$OUT"/*.md ;;  # the json rows say it all (at most 8 files come back)
 esac
