@@ -39,6 +39,9 @@
 #    bench-serve co-located at c 8 and 64 greedy over NUM (default 384) prompts, beside the in-process engine.
 #    KIND=inproc: tandem bench instead, bs 1, 4, 16, 64 greedy, none,auto,ngram, speculation at every size, NUM
 #    prompts (default 128).
+# Q: where a served round's time goes against an in-process one, this tree: the in-process engine at batch 64 (512
+#    HumanEval prompts, greedy) under py-spy record (--threads --idle, raw); then the co-located stack at c 64 over
+#    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -192,6 +195,21 @@ case "${PART:-A}" in
         --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\{' "$OUT/$tag.log" | cut -c1-420; echo "$tag done at $SECONDS s"
     done ;;
+  Q)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    timeout 150 py-spy record -r 250 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-inproc64.txt" -- \
+      python3 -m cli.main bench --name "$name-inproc64" --dataset humaneval --num-prompts 512 --batch-sizes 64 \
+      --drafts none --baselines none --temperatures 0 --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-inproc64.log" 2>&1
+    grep -E '^\|' "$OUT/$name-inproc64.md" | cut -d'|' -f2-12; echo "in-process done at $SECONDS s"
+    log="$OUT/$name-spy64.log"
+    (for _ in $(seq 600); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break; sleep 0.3; done
+     sleep 3; py-spy record -r 250 -d 4 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-served64.txt" \
+       --pid "$(pgrep -f "cli.main verifier" | head -1)" > /dev/null 2>&1) &
+    timeout 240 python3 -m cli.main bench-serve --name "$name-spy64" --servers tandem-colocated --concurrency 64 \
+      --num-prompts 1024 --max-tokens 128 --client-processes 4 --attention torch --device cuda --out-dir "$OUT" \
+      > "$log" 2>&1
+    wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
   P)
     serve() {  # tree tag [extra args]
       (cd "$1" && timeout 200 python3 -m cli.main bench-serve --name "$2" --servers tandem-colocated --concurrency 8,64 \
