@@ -8,13 +8,15 @@ timestamped with the number of tokens in it. Two protocols speak to the two kind
 (``/v1/completions`` with ``stream`` and ``return_token_ids``, as vLLM's server answers it).
 
 The clients are ``processes`` spawned processes, each running its share of the streams, gRPC ones as
-tasks of one event loop (grpc.aio), HTTP ones on threads; their CPU time is measured, so a report can
-show the client had room to spare.
+tasks of one event loop (grpc.aio) over a connection each (up to ``CONNECTIONS`` a process, as separate
+clients would have them), HTTP ones on threads; their CPU time is measured, so a report can show the
+client had room to spare.
 Timestamps are ``time.monotonic()``, one clock for every process on the machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import random
@@ -119,6 +121,7 @@ def _openai_request(load: Load, prompt: list[int], index: int, _channel) -> Resu
 
 
 REQUEST = {"openai": _openai_request}  # on threads; grpc streams run on an event loop (_grpc_streams)
+CONNECTIONS = 16  # a client process's gRPC connections at most (its streams share them round-robin)
 
 
 # ---- client processes ---------------------------------------------------------------------------------------
@@ -151,11 +154,17 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
 
     gateway = load.gateway or GatewayAccess(load.address)
     results: list[Result] = []
-    async with gateway.channel(options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
-        stub = gateway_pb2_grpc.GatewayStub(channel)
-        await channel.channel_ready()
+    # a connection per stream, as separate clients have (up to CONNECTIONS a process): where several gateway
+    # processes share the port, the kernel spreads connections, not streams, over them
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    async with contextlib.AsyncExitStack() as channels:
+        stubs = []
+        for _ in range(max(1, min(width, CONNECTIONS))):
+            channel = await channels.enter_async_context(gateway.channel(options=options))
+            await channel.channel_ready()
+            stubs.append(gateway_pb2_grpc.GatewayStub(channel))
 
-        async def stream() -> None:
+        async def stream(stub) -> None:
             while queue:
                 i = queue.pop(0)
                 if offsets is not None:
@@ -164,7 +173,7 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
 
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         before = _cpu_s()  # the CPU of the run itself, not of imports and connecting
-        await asyncio.gather(*(stream() for _ in range(width)))
+        await asyncio.gather(*(stream(stubs[j % len(stubs)]) for j in range(width)))
         return results, _cpu_s() - before
 
 

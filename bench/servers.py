@@ -9,6 +9,7 @@ leaving it stops every process it started. vLLM runs from the staged peer
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -54,7 +55,8 @@ class Served:
         rounds = gained.get("serve_rounds.run")
         if rounds:  # how full the rounds ran: what a served load's tokens/s follows (in process: the batch size)
             gained["rows_per_round"] = round(sum(v for k, v in gained.items() if k.startswith("rows.")) / rounds, 2)
-            gained["gateway_cpu_ms_per_round"] = round(1e3 * gained.get("cpu_s.gateway", 0.0) / rounds, 4)
+            gateway = sum(v for k, v in gained.items() if k.startswith("cpu_s.gateway"))  # every gateway process
+            gained["gateway_cpu_ms_per_round"] = round(1e3 * gateway / rounds, 4)
         return gained
 
 
@@ -69,6 +71,7 @@ class ServerOptions:
     dtype: str | None = None
     attention: str = "auto"      # Tandem's services (TANDEM_ATTENTION)
     tracing: bool = False        # Tandem's services export their spans over OTLP (to a receiver the bench runs)
+    gateways: int = 1            # Tandem's gateway processes (sharing its port)
     max_model_len: int = 4096
     work: Path = Path("/tmp/tandem-bench-serve")
 
@@ -94,11 +97,12 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
         if opts.tracing:  # every span of every service, as to a collector (each round's one spec.round among them)
             receiver = cleanup.enter_context(OtlpReceiver())
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_TRACES_EXPORTER="otlp")
-        cfg = StackConfig(port=free_block(3), metrics_port=free_block(3), colocated=name == "tandem-colocated",
+        cfg = StackConfig(colocated=name == "tandem-colocated", gateways=opts.gateways,
                           direct_draft=name == "tandem-split-direct", draft=opts.draft, k=opts.k,
                           model=opts.model, device=opts.device, dtype=opts.dtype,
                           drafter_device=None if name == "tandem-colocated" else opts.drafter_device,
                           extra_env=env, gateway_flags={"max_batch_size": opts.max_batch})
+        cfg = dataclasses.replace(cfg, port=free_block(cfg.block), metrics_port=free_block(cfg.block))
         stack = Stack(cfg)
         stack.start()
         cleanup.callback(stack.stop)

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                    help="Tandem's stacks with their spans exported over OTLP to a receiver this command runs (on) or "
                         "tracing off, comma-separated: a stack per setting, e.g. off,on for what tracing costs "
                         "(default off)")
+    p.add_argument("--gateways", type=_csv(int), default=[1],
+                   help="Tandem's gateway processes sharing its port, comma-separated: a stack per count, e.g. 1,2 "
+                        "(tandem serve --gateways; default 1)")
     p.add_argument("--in-process", action="store_true", help="also run the in-process engine on the same prompts")
     p.add_argument("--seed", type=int, default=0,
                    help="request i samples with seed SEED + i (and Poisson arrivals draw from SEED); default 0")
@@ -101,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.assets import default_model_path
     from engine.models.loader import load_model
 
-    if min(args.client_processes) < 1 or args.max_tokens < 1 or min(args.concurrency) < 1:
-        raise ValueError("--client-processes, --max-tokens and --concurrency: must be >= 1")
+    if min(args.client_processes) < 1 or args.max_tokens < 1 or min(args.concurrency) < 1 or min(args.gateways) < 1:
+        raise ValueError("--client-processes, --max-tokens, --concurrency and --gateways: must be >= 1")
     settings = engine_settings(args)
     model_spec = settings.model or str(default_model_path())
     most = max(args.num_prompts or 0, 4 * max(args.concurrency), 16)
@@ -115,10 +118,11 @@ def run(args: argparse.Namespace) -> int:
                          device=settings.device, drafter_device=args.drafter_device, dtype=settings.dtype,
                          attention=settings.attention,
                          max_model_len=max(len(p) for p in pool) + args.max_tokens + 64)
-    runs = [(name, tracing) for name in args.servers
-            for tracing in (args.tracing if name.startswith("tandem") else [False])]
-    for name, tracing in runs:
-        with start(name, dataclasses.replace(opts, tracing=tracing)) as served:
+    runs = [(name, tracing, gateways) for name in args.servers
+            for tracing in (args.tracing if name.startswith("tandem") else [False])
+            for gateways in (args.gateways if name.startswith("tandem") else [1])]
+    for name, tracing, gateways in runs:
+        with start(name, dataclasses.replace(opts, tracing=tracing, gateways=gateways)) as served:
             def load(c: int, t: float, max_tokens: int, procs: int) -> Load:
                 return Load(served.protocol, served.address, max_tokens, t, c, args.rate, procs, args.seed,
                             model_name=served.model_name, gateway=served.gateway)
@@ -128,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
                     run_load(load(c, t, 16, args.client_processes[0]), prompts_for(c)[:c])
             for t, c, procs in itertools.product(args.temperatures, args.concurrency, args.client_processes):
                 print(f"measuring {name} at concurrency {c}, temperature {t}, {procs} client processes, tracing "
-                      f"{'on' if served.tracing else 'off'}", flush=True)
+                      f"{'on' if served.tracing else 'off'}, {gateways} gateway processes", flush=True)
                 before = served.counters() if served.counters else {}
                 row = {**run_load(load(c, t, args.max_tokens, procs), prompts_for(c)), "server": name,
-                       "draft": settings.draft if name.startswith("tandem") else None, "tracing": served.tracing}
+                       "draft": settings.draft if name.startswith("tandem") else None, "tracing": served.tracing,
+                       "gateways": gateways}
                 row.update(served.counters_during(before))
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k in _SHOWN or k.startswith(_COUNTER_KEYS)}),
@@ -148,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN = ("server", "tracing", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed",
+_SHOWN = ("server", "tracing", "gateways", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed",
           "client_cpu_pct")
 # the verifier's counters over a load (bench/servers.py)
 _COUNTER_KEYS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round", "cpu_s.", "gateway_cpu_ms", "spans")
@@ -167,7 +172,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ["server", "tracing", "concurrency", "temperature", "client_processes", "tokens_per_s",
+    cols = ["server", "tracing", "gateways", "concurrency", "temperature", "client_processes", "tokens_per_s",
             "served_vs_in_process", "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
             "acceptance_length", "rows_per_round", "gateway_cpu_ms_per_round", "completed", "requests",
             "client_cpu_pct"]

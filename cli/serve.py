@@ -4,6 +4,7 @@ the services also stop if this process is killed (``rpc.lifetime``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
@@ -44,6 +45,10 @@ def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051)
                    help="verifier replicas, on consecutive ports after the gateway's (default 1); the gateway "
                         "pins each request to one and balances new ones by load")
     p.add_argument("--drafters", type=int, default=1, help="drafter replicas in split mode (default 1)")
+    p.add_argument("--gateways", type=int, default=1,
+                   help="gateway processes sharing its port (SO_REUSEPORT: the kernel spreads client connections "
+                        "over them; each streams to every verifier). One gateway's Python streams a few tens of "
+                        "thousands of tokens/s: more where many clients stream at once (default 1)")
     g = p.add_argument_group(
         "security", "The verifiers and drafters listen on 127.0.0.1 and speak mutual TLS with credentials made for "
                     "this run (a throwaway CA in a private temporary directory, removed on exit): a process without "
@@ -63,12 +68,9 @@ def add_stack_args(p: argparse.ArgumentParser, default_port: int | None = 50051)
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
-    for name in ("verifiers", "drafters"):
+    for name in ("verifiers", "drafters", "gateways"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
-    port = args.port
-    if port is None:
-        port = free_block(1 + args.verifiers + (0 if args.colocated else args.drafters))
     if bool(args.api_tls_cert_file) != bool(args.api_tls_key_file):
         raise ValueError("--api-tls-cert-file, --api-tls-key-file: client-facing TLS needs both")
     if args.colocated and args.drafter_device:
@@ -77,13 +79,14 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     if direct and args.drafters > args.verifiers:
         raise ValueError(f"--drafters: {args.drafters} drafters for {args.verifiers} verifiers would leave some idle "
                          "(with --direct-draft each verifier calls one drafter); add verifiers or --no-direct-draft")
-    return StackConfig(port=port, colocated=args.colocated, direct_draft=direct, draft=args.draft, model=args.model,
-                       device=args.device, drafter_device=args.drafter_device, dtype=args.dtype, k=args.k,
-                       max_k=args.max_k,
-                       kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
-                       verifiers=args.verifiers, drafters=args.drafters, host=args.host, insecure=args.insecure,
-                       api_keys_file=args.api_keys_file, api_tls_cert_file=args.api_tls_cert_file,
-                       api_tls_key_file=args.api_tls_key_file)
+    cfg = StackConfig(colocated=args.colocated, direct_draft=direct, draft=args.draft, model=args.model,
+                      device=args.device, drafter_device=args.drafter_device, dtype=args.dtype, k=args.k,
+                      max_k=args.max_k,
+                      kv_cache_tokens=args.kv_cache_tokens, metrics_port=args.metrics_port,
+                      verifiers=args.verifiers, drafters=args.drafters, gateways=args.gateways, host=args.host,
+                      insecure=args.insecure, api_keys_file=args.api_keys_file,
+                      api_tls_cert_file=args.api_tls_cert_file, api_tls_key_file=args.api_tls_key_file)
+    return dataclasses.replace(cfg, port=free_block(cfg.block) if args.port is None else args.port)
 
 
 def security_lines(stack: Stack) -> list[str]:
@@ -102,8 +105,9 @@ def security_lines(stack: Stack) -> list[str]:
         clients = "need no API key" + (" (loopback: this machine only)" if is_loopback(c.host) else
                                        " (--insecure: anyone who reaches it)")
     scheme = "TLS" if c.api_tls_cert_file else "plaintext"
-    return [f"  services  {', '.join(n for n in stack.names() if n != 'gateway')} on 127.0.0.1: {inside}",
-            f"  gateway   {c.host}:{c.port} over {scheme}; clients {clients}"]
+    gateways = f" ({c.gateways} processes on the port)" if c.gateways > 1 else ""
+    return [f"  services  {', '.join(n for n in stack.names() if not n.startswith('gateway'))} on 127.0.0.1: {inside}",
+            f"  gateway   {c.host}:{c.port}{gateways} over {scheme}; clients {clients}"]
 
 
 def add_parser(sub) -> None:

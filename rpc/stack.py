@@ -59,6 +59,8 @@ class StackConfig:
     gateway_flags: dict[str, object] = field(default_factory=dict)
     verifiers: int = 1               # replicas
     drafters: int = 1                # replicas (split mode)
+    gateways: int = 1                # processes sharing the gateway's port (SO_REUSEPORT: the kernel spreads the
+                                     # client connections over them), each with a Serve stream to every verifier
     host: str = INTERNAL_HOST        # the gateway's; beyond loopback it needs API keys (one is made, see Stack)
     insecure: bool = False           # plaintext between the services and no credentials made
     api_keys_file: str | None = None  # the gateway's client API keys (rpc/auth.py)
@@ -67,16 +69,20 @@ class StackConfig:
     api_tls_ca_file: str | None = None    # what the stack checks that certificate against (default: the file itself)
 
     def names(self, service: str) -> list[str]:
-        n = self.verifiers if service == "verifier" else 0 if self.colocated else self.drafters
+        n = {"verifier": self.verifiers, "gateway": self.gateways}.get(service, 0 if self.colocated else self.drafters)
         return [service if i == 0 else f"{service}-{i}" for i in range(n)]
 
     def _offsets(self) -> dict[str, int]:
-        """Each service process's place after the gateway's port (and metrics port)."""
+        """Each service process's place after the gateway's port (and metrics port): the gateway, the verifiers,
+        the drafters, the other gateway processes (their metrics ports; they share the gateway's gRPC port)."""
         out = {"gateway": 0}
         for i, name in enumerate(self.names("verifier")):
             out[name] = 1 + i
-        for i, name in enumerate(self.names("drafter")):
+        drafters = self.names("drafter")
+        for i, name in enumerate(drafters):
             out[name] = 1 + self.verifiers + i
+        for i, name in enumerate(self.names("gateway")[1:]):
+            out[name] = 1 + self.verifiers + len(drafters) + i
         return out
 
     @property
@@ -86,7 +92,22 @@ class StackConfig:
         for service, base in (("verifier", self.verifier_port), ("drafter", self.drafter_port)):
             if base is not None:
                 out.update({name: base + i for i, name in enumerate(self.names(service) or [service])})
+        out.update({name: self.port for name in self.names("gateway")})
         return out
+
+    @property
+    def health_ports(self) -> dict[str, int]:
+        """With several gateway processes: each one's own plaintext grpc.health.v1 port (the shared port answers
+        from whichever process the kernel picks), after every other port of the stack."""
+        if self.gateways < 2:
+            return {}
+        first = self.port + 1 + self.verifiers + len(self.names("drafter")) + self.gateways - 1
+        return {name: first + i for i, name in enumerate(self.names("gateway"))}
+
+    @property
+    def block(self) -> int:
+        """How many consecutive ports from ``port`` the stack takes (verifiers and drafters at their defaults)."""
+        return 1 + self.verifiers + len(self.names("drafter")) + (2 * self.gateways - 1 if self.gateways > 1 else 0)
 
     @property
     def metrics_ports(self) -> dict[str, int]:
@@ -143,8 +164,8 @@ class Stack:
         return GatewayAccess(self.gateway_address, key, tls, ca_file, server_name)
 
     def names(self) -> list[str]:
-        """The stack's processes: verifiers, drafters (split mode), the gateway."""
-        return [*self.cfg.names("verifier"), *self.cfg.names("drafter"), "gateway"]
+        """The stack's processes: verifiers, drafters (split mode), the gateway (and its other processes)."""
+        return [*self.cfg.names("verifier"), *self.cfg.names("drafter"), *self.cfg.names("gateway")]
 
     def make_credentials(self) -> LocalCredentials | None:
         """The stack's credentials, made the first time (``stop`` removes them); None where ``insecure``."""
@@ -187,19 +208,24 @@ class Stack:
             own = {**engine, "device": c.drafter_device or c.device}
             cmds[name] = base + ["drafter"] + _flags(drafter_port=ports[name], draft=c.draft,
                                                      metrics_port=mports.get(name), **own, **self._security(name))
-        cmds["gateway"] = base + ["gateway"] + _flags(**{
-            "gateway_port": c.port,
-            "verifier_address": ",".join(f"localhost:{ports[n]}" for n in c.names("verifier")),
-            "drafter_address": ",".join(f"localhost:{ports[n]}" for n in c.names("drafter") or ["drafter"]),
-            "colocated": c.colocated or c.direct_draft, "model": c.model, "k": c.k, "max_k": c.max_k, "metrics_port": c.metrics_port,
-            **self._security("gateway"), **c.gateway_flags})
+        shared = c.gateways > 1
+        for name in c.names("gateway"):
+            cmds[name] = base + ["gateway"] + _flags(**{
+                "gateway_port": c.port, "reuse_port": True if shared else None,
+                "health_port": c.health_ports.get(name),
+                "verifier_address": ",".join(f"localhost:{ports[n]}" for n in c.names("verifier")),
+                "drafter_address": ",".join(f"localhost:{ports[n]}" for n in c.names("drafter") or ["drafter"]),
+                "colocated": c.colocated or c.direct_draft, "model": c.model, "k": c.k, "max_k": c.max_k,
+                "metrics_port": mports.get(name), **self._security("gateway"), **c.gateway_flags})
         return cmds
 
     def ports_in_use(self) -> list[str]:
         """The stack's ports (gRPC and metrics) that something already listens on, as "PORT (NAME)"."""
         names = self.names()
-        wanted = [(port, name) for name, port in self.cfg.ports.items() if name in names]
+        wanted = sorted({(port, name.partition("-")[0] if name.startswith("gateway") else name)
+                         for name, port in self.cfg.ports.items() if name in names})
         wanted += [(port, f"{name} metrics") for name, port in self.cfg.metrics_ports.items() if name in names]
+        wanted += [(port, f"{name} health") for name, port in self.cfg.health_ports.items()]
         return [f"{port} ({name})" for port, name in sorted(wanted) if port_in_use(port)]
 
     def start(self) -> None:
@@ -240,8 +266,9 @@ class Stack:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         deadline = time.monotonic() + timeout_s
-        for name in sorted(self.procs, key=lambda n: n == "gateway"):  # the gateway waits for the others
-            with self.blocking_channel(name) as ch:
+        for name in sorted(self.procs, key=lambda n: n.startswith("gateway")):  # the gateways wait for the others
+            health = self.cfg.health_ports.get(name)  # one of several gateway processes: its own health port
+            with (grpc.insecure_channel(f"localhost:{health}") if health else self.blocking_channel(name)) as ch:
                 stub = health_pb2_grpc.HealthStub(ch)
                 while True:
                     if stop():

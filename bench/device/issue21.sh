@@ -42,6 +42,8 @@
 # Q: where a served round's time goes against an in-process one, this tree: the in-process engine at batch 64 (512
 #    HumanEval prompts, greedy) under py-spy record (--threads --idle, raw); then the co-located stack at c 64 over
 #    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
+# R: gateway processes, this tree: the co-located stack with 1, 2, 2, 1 gateway processes sharing its port (tandem
+#    serve --gateways), c 8 and 64 greedy over NUM (default 512) prompts a load, beside the in-process engine.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -195,6 +197,11 @@ case "${PART:-A}" in
         --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\{' "$OUT/$tag.log" | cut -c1-420; echo "$tag done at $SECONDS s"
     done ;;
+  R)
+    timeout 560 python3 -m cli.main bench-serve --name "$name-gateways" --servers tandem-colocated --gateways 1,2,2,1 \
+      --concurrency 8,64 --temperatures 0 --num-prompts ${NUM:-512} --max-tokens 128 --client-processes 4 --in-process \
+      --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-gateways.log" 2>&1
+    grep -E '^\{' "$OUT/$name-gateways.log" | cut -c1-230; rm -f "$OUT"/*.png ;;
   Q)
     python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
     timeout 150 py-spy record -r 250 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-inproc64.txt" -- \

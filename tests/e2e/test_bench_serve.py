@@ -36,7 +36,7 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
             rel=1e-2)
-    assert "| tandem-colocated | False | 3 |" in (tmp_path / "t.md").read_text()
+    assert "| tandem-colocated | False | 1 | 3 |" in (tmp_path / "t.md").read_text()
 
 
 def test_bench_serve_runs_a_stack_per_tracing_setting(tmp_path, monkeypatch):
@@ -54,7 +54,7 @@ def test_bench_serve_runs_a_stack_per_tracing_setting(tmp_path, monkeypatch):
         assert r["completed"] == 3 and r["cpu_s.gateway"] > 0 and r["gateway_cpu_ms_per_round"] > 0
     assert "spans" not in off
     assert on["spans"] >= on["serve_rounds.run"]  # a spec.round span per round, and the requests' own
-    assert "| tandem-colocated | True | 2 |" in (tmp_path / "t.md").read_text()
+    assert "| tandem-colocated | True | 1 | 2 |" in (tmp_path / "t.md").read_text()
 
 
 class _VllmLikeStream(BaseHTTPRequestHandler):

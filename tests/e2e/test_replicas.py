@@ -9,6 +9,7 @@ stream still equals plain greedy decoding token for token, text included.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 
@@ -74,14 +75,15 @@ def reference(smollm):
     return [(o.new_token_ids, smollm.tokenizer.decode(o.new_token_ids, skip_special_tokens=True)) for o in outs]
 
 
-async def streams(address: str, during=None, texts=TEXTS) -> tuple[list, object]:
-    """All texts streamed at once; ``during()`` runs (in a thread) once every stream has its first tokens."""
+async def streams(address: str, during=None, texts=TEXTS, options=None) -> tuple[list, object]:
+    """All texts streamed at once; ``during()`` runs (in a thread) once every stream has its first tokens.
+    ``options``: the channels' (each stream opens its own)."""
     started = asyncio.Event()
     seen: set[int] = set()
 
     async def one(i: int):
         ids, text, last = [], "", None
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with grpc.aio.insecure_channel(address, options=options) as ch:
             async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(chat_request(texts[i], N, ignore_eos=True),
                                                                         timeout=300):
                 ids += tensors.token_ids(resp.token_ids, "token_ids")
@@ -176,3 +178,26 @@ def test_eagle_drafters_each_described_and_fed_features_after_a_move(reference):
         assert (accepted + rounds) / rounds > 1.3  # the heads draft only from features that arrived intact
     finally:
         eagle.stop()
+
+
+def test_two_gateway_processes_share_its_port_and_stream_exactly(reference):
+    """``gateways=2`` (tandem serve --gateways 2): two gateway processes on one port (SO_REUSEPORT), each with its
+    own Serve stream to the verifier; the kernel spreads the clients' connections over them. Sixteen streams, each
+    on a connection of its own, all equal plain greedy decoding, and both processes served some."""
+    cfg = StackConfig(colocated=True, gateways=2, draft="ngram", k=4, device="cpu", kv_cache_tokens=8192,
+                      extra_env={"OMP_NUM_THREADS": "1"})
+    cfg = dataclasses.replace(cfg, port=free_block(cfg.block), metrics_port=free_block(cfg.block))
+    stack = Stack(cfg)
+    stack.start()
+    try:
+        stack.wait_ready(timeout_s=300)  # each process SERVING on its own health port
+        assert stack.names() == ["verifier", "gateway", "gateway-1"]
+        # a connection per stream (channels to one address otherwise share one)
+        results, _ = run(streams(stack.gateway_address, texts=TEXTS * 2,
+                                 options=[("grpc.use_local_subchannel_pool", 1)]))
+        assert_exact(results, reference * 2)
+        served = [sum(v for k, v in metrics(stack, g).items() if k.startswith("tandem_requests_total"))
+                  for g in ("gateway", "gateway-1")]
+        assert sum(served) == 16 and min(served) >= 1, served
+    finally:
+        stack.stop()
