@@ -44,6 +44,8 @@
 #    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
 # R: gateway processes, this tree: the co-located stack with 1, 2, 2, 1 gateway processes sharing its port (tandem
 #    serve --gateways), c 8 and 64 greedy over NUM (default 512) prompts a load, beside the in-process engine.
+# S: the co-located stack with 2 gateway processes at c 64 greedy (512 prompts): Python's default thread switch
+#    interval (5 ms) against 0.5 ms in every process (a sitecustomize.py on PYTHONPATH; an experiment), ABBA.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -197,6 +199,16 @@ case "${PART:-A}" in
         --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\{' "$OUT/$tag.log" | cut -c1-420; echo "$tag done at $SECONDS s"
     done ;;
+  S)
+    mkdir -p /tmp/gil && echo 'import sys; sys.setswitchinterval(0.0005)' > /tmp/gil/sitecustomize.py
+    for variant in default gil gil default; do
+      pp=$PYTHONPATH; [ $variant = gil ] && pp=/tmp/gil:$PYTHONPATH
+      tag="$name-switch-$variant-$SECONDS"
+      PYTHONPATH=$pp timeout 140 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated --gateways 2 \
+        --concurrency 64 --temperatures 0 --num-prompts 512 --max-tokens 128 --client-processes 4 --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      echo "$variant: $(grep -E '^\{' "$OUT/$tag.log" | cut -c1-120)"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   R)
     timeout 560 python3 -m cli.main bench-serve --name "$name-gateways" --servers tandem-colocated --gateways 1,2,2,1 \
       --concurrency 8,64 --temperatures 0 --num-prompts ${NUM:-512} --max-tokens 128 --client-processes 4 --in-process \
