@@ -37,8 +37,9 @@
 # P: A/B in alternation: a warm-up load first (the first process of a call reads slow: kernels compiled, clocks),
 #    then BASE=path's tree and NEW=path's tree (default: this one) in turn, REPS (default 2) times each (ABBA):
 #    bench-serve co-located at c 8 and 64 greedy over NUM (default 384) prompts, beside the in-process engine.
-#    KIND=inproc: tandem bench instead, bs 1, 4, 16, 64 greedy, none,auto,ngram, speculation at every size, NUM
-#    prompts (default 128).
+#    GATEWAYS=N: the stacks with N gateway processes (trees from df9c163 on). KIND=inproc: tandem bench instead, bs
+#    BS (default 1,4,16,64) greedy, DRAFTS (default none,auto,ngram), speculation at every size, NUM prompts
+#    (default 128).
 # Q: where a served round's time goes against an in-process one, this tree: the in-process engine at batch 64 (512
 #    HumanEval prompts, greedy) under py-spy record (--threads --idle, raw); then the co-located stack at c 64 over
 #    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
@@ -233,10 +234,12 @@ case "${PART:-A}" in
     serve() {  # tree tag [extra args]
       (cd "$1" && timeout 200 python3 -m cli.main bench-serve --name "$2" --servers tandem-colocated --concurrency 8,64 \
         --temperatures 0 --num-prompts ${NUM:-384} --max-tokens 128 --client-processes 4 --attention torch \
-        --device cuda --out-dir "$OUT" "${@:3}" > "$OUT/$2.log" 2>&1); grep -E '^\{' "$OUT/$2.log" | cut -c1-160; }
+        --device cuda --out-dir "$OUT" ${GATEWAYS:+--gateways $GATEWAYS} > "$OUT/$2.log" 2>&1)
+      grep -E '^\{' "$OUT/$2.log" | cut -c1-160; }
     inproc() {  # tree tag
       (cd "$1" && timeout 150 python3 -m cli.main bench --name "$2" --dataset humaneval --num-prompts ${NUM:-128} \
-        --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0 --spec-max-batch 64 \
+        --batch-sizes ${BS:-1,4,16,64} --drafts ${DRAFTS:-none,auto,ngram} --baselines none --temperatures 0 \
+        --spec-max-batch 64 \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$2.log" 2>&1)
       grep -E '^\|' "$OUT/$2.md" | cut -d'|' -f2,4,8,10 | tr '\n' ';'; echo; }
     run=$([ "${KIND:-serve}" = inproc ] && echo inproc || echo serve)
