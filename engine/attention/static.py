@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.attention.base import AttentionMetadata
@@ -47,9 +48,6 @@ class StaticAttention:
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
         self.mask: torch.Tensor | None = None
-        # on CUDA the tables and lengths cross from pinned host buffers: a copy from pageable memory first waits for
-        # the work queued on the stream (a round launched ahead), holding the host behind the GPU
-        self._staging = _Staging(rows, max_blocks) if dev.type == "cuda" else None
         self.splits = 1
         if self.fused_rotary:
             from kernels.static_attention import split_plan
@@ -88,21 +86,13 @@ class StaticAttention:
         if n > self.rows or any(len(t) > self.max_blocks for t in tables):
             raise ValueError(f"static attention: {n} rows, longest table {max(map(len, tables), default=0)} blocks "
                              f"do not fit the bucket ({self.rows} rows, {self.max_blocks} blocks)")
-        staged = self._staging.take() if self._staging is not None else None
-        table_buf = staged[0] if staged else torch.empty((self.rows, self.max_blocks), dtype=torch.long)
-        table = table_buf.numpy()
-        table.fill(self.scratch_block)
+        table = np.full((self.rows, self.max_blocks), self.scratch_block, dtype=np.int64)
         for i, t in enumerate(tables):
             table[i, :len(t)] = t
-        self.block_table.copy_(table_buf, non_blocking=True)
+        self.block_table.copy_(torch.from_numpy(table), non_blocking=True)
         if kv_lens is not None:
-            lens_buf = staged[1] if staged else torch.empty(self.rows, dtype=torch.long)
-            lens = lens_buf.numpy()
-            lens[:n] = list(kv_lens)
-            lens[n:] = self.q_len
-            self.kv_lens.copy_(lens_buf, non_blocking=True)
-        if self._staging is not None:
-            self._staging.copied()
+            self.kv_lens.copy_(torch.tensor(list(kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
+                               non_blocking=True)
 
     def prepare(self) -> None:
         """Inside the graph, from the buffers, once per forward: the torch path's slots (where the new
@@ -131,23 +121,3 @@ class StaticAttention:
         qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
         o = attend(qs, keys, values, self.mask)
         return o.transpose(1, 2).reshape(b * n, -1, d)
-
-
-class _Staging:
-    """Pinned host buffers for a bucket's block tables and KV lengths, two in turn: one may still be crossing to the
-    device while the other is filled; a buffer is filled again only once its last copy is done."""
-
-    def __init__(self, rows: int, max_blocks: int) -> None:
-        self.tables = [torch.empty((rows, max_blocks), dtype=torch.long, pin_memory=True) for _ in range(2)]
-        self.lens = [torch.empty(rows, dtype=torch.long, pin_memory=True) for _ in range(2)]
-        self.done = [torch.cuda.Event(), torch.cuda.Event()]
-        self.turn = 0
-
-    def take(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.done[self.turn].synchronize()  # (an event never recorded is complete)
-        return self.tables[self.turn], self.lens[self.turn]
-
-    def copied(self) -> None:
-        """The copies from the buffers ``take`` gave are queued: the next ``take`` gives the other ones."""
-        self.done[self.turn].record()
-        self.turn ^= 1
