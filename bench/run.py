@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import os
 import platform
 import subprocess
@@ -34,6 +35,8 @@ class BenchCase:
     draft: str
     batch_size: int
     temperature: float
+    admission: str = "waves"  # waves: batch_size prompts arrive together, the next ones when all finished;
+                              # continuous: the next prompt arrives as soon as one finishes (a server's batch)
 
 
 def dataset_prompts(name: str, tokenizer, num: int) -> list[list[int]]:
@@ -118,8 +121,9 @@ def _policy(decoder, batch_size: int) -> dict | None:
 
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
              max_tokens: int, seed: int, request_k: int | None = None) -> dict:
-    """All prompts, ``case.batch_size`` at a time, arriving together; EOS ignored. ``request_k``: the k each
-    request asks for (SamplingParams.k; None: the engine's)."""
+    """All prompts, ``case.batch_size`` at a time (``case.admission``: in waves arriving together, or each next one
+    as soon as one finishes); EOS ignored. ``request_k``: the k each request asks for (SamplingParams.k; None: the
+    engine's)."""
     cfg = dataclasses.replace(config, k=0 if case.draft == "none" else config.k,
                               max_batch_size=max(config.max_batch_size, case.batch_size))
     decoder, timer = _timed_decoder(model, cfg, case.draft)
@@ -137,10 +141,17 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     clock = TokenClock()
     tokens = rounds = committed = 0
     start = now_synced()
-    for i in range(0, len(prompts), case.batch_size):
-        t0 = now_synced()
-        for j in range(i, min(i + case.batch_size, len(prompts))):
-            clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{j}"), t0)
+    waves = case.admission == "waves"
+    queue = iter(range(len(prompts)))
+
+    def arrive(n: int, at: float) -> None:
+        for j in itertools.islice(queue, n):
+            clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{j}"), at)
+
+    while True:
+        arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
+        if not decoder.has_unfinished():
+            break
         while decoder.has_unfinished():
             outs = decoder.step()
             now = time.perf_counter()  # step() ended on the round's host sync: its tokens exist
@@ -150,6 +161,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                 if o.finished:
                     rounds += o.rounds
                     committed += o.accepted + o.rounds
+                    if not waves:
+                        arrive(1, now)
     elapsed = now_synced() - start
     fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
@@ -162,7 +175,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
             "rounds_compacted": sum(f.compacted for f in fused),
             "fused_rounds_run": sum(f.rounds for f in fused),
-            "batch_size": case.batch_size,
+            "batch_size": case.batch_size, "admission": case.admission,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
@@ -176,18 +189,20 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
 
 
 def add_speedups(rows: list[dict]) -> list[dict]:
-    plain = {(r["batch_size"], r["temperature"], r["dataset"]): r["tokens_per_s"]
-             for r in rows if r["engine"] == "tandem-plain"}
+    def key(r: dict) -> tuple:  # against plain decoding of the same prompts arriving the same way
+        return r.get("batch_size"), r.get("temperature"), r.get("dataset"), r.get("admission", "waves")
+
+    plain = {key(r): r["tokens_per_s"] for r in rows if r["engine"] == "tandem-plain"}
     for r in rows:
-        base = plain.get((r.get("batch_size"), r.get("temperature"), r.get("dataset")))
+        base = plain.get(key(r))
         r["speedup_vs_plain"] = round(r["tokens_per_s"] / base, 3) if base else None
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ["engine", "dataset", "batch_size", "temperature", "k", "chosen_k", "tokens_per_s", "acceptance_length",
-            "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms", "draft_ms",
-            "fused_ms", "host_ms", "peak_memory_mib"]
+    cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
+            "acceptance_length", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms",
+            "draft_ms", "fused_ms", "host_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -67,6 +68,10 @@ def add_parser(sub) -> None:
                    help="the k every request asks for (its own SamplingParams.k) while the engine runs --k (default: "
                         "the engine's): a per-request k other than the graph's, on the fast path")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (EOS ignored; default 128)")
+    p.add_argument("--admission", type=_csv(str), default=["waves"],
+                   help="how Tandem's prompts arrive, comma-separated: waves (batch-size prompts together, the next "
+                        "wave when all finished) or continuous (the next prompt as soon as one finishes, as a "
+                        "server's batch refills; batch size = requests in flight) (default waves)")
     p.add_argument("--arrival-rate", type=float, help="also run a Poisson arrival load at this many requests/s")
     p.add_argument("--round-token-budgets", type=_csv(int), default=[0, 256],
                    help="under load: per-forward token budgets to compare, 0 = none (default 0,256)")
@@ -97,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
     if args.arrival_rate is not None and args.arrival_rate <= 0:
         raise ValueError("--arrival-rate: must be > 0 requests/s")
+    bad = [a for a in args.admission if a not in ("waves", "continuous")]
+    if bad or not args.admission:
+        raise ValueError(f"--admission: waves or continuous, got {','.join(bad) or 'nothing'}")
     if len(args.vllm_prompt_lookup) != 2 or not 1 <= args.vllm_prompt_lookup[0] <= args.vllm_prompt_lookup[1]:
         raise ValueError("--vllm-prompt-lookup: expected MIN,MAX with 1 <= MIN <= MAX")
     settings = engine_settings(args)
@@ -184,9 +192,9 @@ def _tandem_rows(args, config, path, prompts: dict, env: dict, hf_names: list[st
     for dataset, ps in prompts.items():
         for temperature in args.temperatures:
             for bs in args.batch_sizes:
-                for draft in args.drafts:
-                    row = run_case(model, config, BenchCase(draft, bs, temperature), ps, args.max_tokens, args.seed,
-                                   args.request_k)
+                for admission, draft in itertools.product(args.admission, args.drafts):
+                    row = run_case(model, config, BenchCase(draft, bs, temperature, admission), ps, args.max_tokens,
+                                   args.seed, args.request_k)
                     keep({**row, "dataset": dataset, **env}, "tokens_per_s", "acceptance_length")
                 for name in hf_names:
                     from bench.hf import run_hf_case

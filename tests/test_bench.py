@@ -106,6 +106,25 @@ def test_bench_writes_rows_table_and_plot(tmp_path):
     assert (tmp_path / "cpu-smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_admits_prompts_continuously(tmp_path):
+    """--admission continuous: the next prompt arrives as soon as one finishes (a server's batch refilling); every
+    prompt still streams all its tokens, each row's speedup is against plain decoding admitted the same way, and an
+    unknown admission is refused."""
+    code = main(["bench", "--name", "cont", "--dataset", "humaneval", "--num-prompts", "5", "--batch-sizes", "2",
+                 "--drafts", "none,ngram", "--baselines", "none", "--temperatures", "0", "--max-tokens", "6",
+                 "--admission", "waves,continuous", "--device", "cpu", "--out-dir", str(tmp_path)])
+    assert code == 0
+    rows = json.loads((tmp_path / "cont.json").read_text())
+    assert [(r["admission"], r["engine"]) for r in rows] == [
+        ("waves", "tandem-plain"), ("waves", "tandem-spec-ngram"),
+        ("continuous", "tandem-plain"), ("continuous", "tandem-spec-ngram")]
+    assert all(r["output_tokens"] == 5 * 6 for r in rows)
+    assert [r["speedup_vs_plain"] for r in rows if r["engine"] == "tandem-plain"] == [1.0, 1.0]
+    assert "| continuous |" in (tmp_path / "cont.md").read_text()
+    assert main(["bench", "--name", "x", "--admission", "all-at-once", "--baselines", "none", "--device", "cpu",
+                 "--out-dir", str(tmp_path)]) != 0
+
+
 def test_bench_imports_nothing_from_cli():
     """Dependencies point one way: the CLI drives the benches, never the reverse."""
     import ast
