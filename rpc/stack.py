@@ -101,13 +101,13 @@ class StackConfig:
         from whichever process the kernel picks), after every other port of the stack."""
         if self.gateways < 2:
             return {}
-        first = self.port + 1 + self.verifiers + len(self.names("drafter")) + self.gateways - 1
+        first = self.port + len(self._offsets())
         return {name: first + i for i, name in enumerate(self.names("gateway"))}
 
     @property
     def block(self) -> int:
         """How many consecutive ports from ``port`` the stack takes (verifiers and drafters at their defaults)."""
-        return 1 + self.verifiers + len(self.names("drafter")) + (2 * self.gateways - 1 if self.gateways > 1 else 0)
+        return len(self._offsets()) + len(self.health_ports)
 
     @property
     def metrics_ports(self) -> dict[str, int]:

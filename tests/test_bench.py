@@ -138,3 +138,44 @@ def test_bench_imports_nothing_from_cli():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             upward += [f"{f.name}: {n}" for n in names if n == "cli" or n.startswith("cli.")]
     assert upward == []
+
+
+def test_continuous_admission_keeps_the_batch_full_where_waves_do_not(smollm, monkeypatch):
+    """The real engine, observed: before every round, how many requests are in flight while prompts are still to
+    come. Waves leave a row empty once one request of a wave finishes before its partner (n-gram drafts accept
+    differently); continuous admission fills it at once, so the batch stays full until the prompts run out."""
+    import bench.run as bench_run
+    from bench.run import BenchCase, run_case
+    from engine.config import EngineConfig
+
+    texts = ("Count from one to twenty.", "Write a poem about the sea.", "List three colors.", "Say hi.", "Why?")
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    real = bench_run._timed_decoder
+    seen: dict[str, list[int]] = {}
+
+    def observed(*args, **kwargs):
+        dec, timer = real(*args, **kwargs)
+        step, add = dec.step, dec.add_request
+        admitted = []
+
+        def counting_add(prompt, params, request_id=None, output_ids=()):
+            admitted.append(request_id)
+            return add(prompt, params, request_id, output_ids)
+
+        def counting_step():
+            if any(a and a.startswith("bench-") for a in admitted) and len(admitted) < len(prompts) + 2:
+                seen[mode].append(len(dec.requests) + len(dec.waiting))  # prompts still to come (+2: warm-up)
+            return step()
+
+        dec.step, dec.add_request = counting_step, counting_add
+        return dec, timer
+
+    monkeypatch.setattr(bench_run, "_timed_decoder", observed)
+    config = EngineConfig(kv_cache_tokens=8192)
+    for mode in ("waves", "continuous"):
+        seen[mode] = []
+        row = run_case(smollm, config, BenchCase("ngram", 2, 0.0, mode), prompts, 24, 0)
+        assert row["output_tokens"] == 5 * 24
+    assert seen["continuous"] and set(seen["continuous"]) == {2}
+    assert min(seen["waves"]) == 1  # a row of a wave sat empty while prompts waited
+

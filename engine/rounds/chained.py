@@ -65,6 +65,12 @@ def count_down(inputs: torch.Tensor,    # [R, k+2] long: t0, k drafts, how many 
     inputs[:, k + 1].copy_(torch.where(live, torch.minimum(nd, (left - 1).clamp(min=0)), nd))
 
 
+def next_num_draft(num_draft: int, room: int, accepted: int) -> int:
+    """``count_down``'s rule for one row, on the host: the drafts it verifies in the round after one that
+    accepted ``accepted`` of its drafts with ``room`` tokens left before it."""
+    return min(num_draft, max(room - accepted - 2, 0))
+
+
 def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffers, each [R_src, ...]
             dst: Sequence[torch.Tensor | None],  # the destination graph's, the same kinds, each [R_dst, ...]
             pads: Sequence[object],              # each buffer's padding row value (None: left as it is)
@@ -72,7 +78,7 @@ def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffer
             device: torch.device) -> None:
     """dst[:n] = src[index], dst[n:] = padding, buffer by buffer (src may be dst: the gather copies first)."""
     n = len(index)
-    idx = torch.tensor(list(index), dtype=torch.long).to(device, non_blocking=True)
+    idx = torch.tensor(index, dtype=torch.long).to(device, non_blocking=True)
     for s, d, pad in zip(src, dst, pads):
         if s is None:
             continue

@@ -38,7 +38,7 @@ from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
 from engine.models import ops
 from engine.rounds.ahead import Launch, LaunchedAhead
-from engine.rounds.chained import chain, compact, count_down
+from engine.rounds.chained import chain, compact, count_down, next_num_draft
 from engine.rounds.base import RowResult
 from engine.rounds.graph_sampling import Mode, RoundSampling
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
@@ -168,7 +168,7 @@ class FusedRounds:
             results.append(RowResult(row[: a + 1], a, drafted, row[k + 2:] if k else None, q))
         if chained:  # the L each row will have once this round's tokens are committed, the drafts it verifies
             self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)],
-                             tuple(min(r.num_draft, max(r.room - row[k + 1] - 2, 0)) for r, row in zip(rows, out)))
+                             tuple(next_num_draft(r.num_draft, r.room, row[k + 1]) for r, row in zip(rows, out)))
         return results
 
     def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
