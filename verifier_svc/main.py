@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 from engine.config import SamplingParams
 from engine.spec import RoundItem
@@ -12,6 +13,7 @@ from rpc.metrics import engine_counter
 from rpc.server import Service, reap_forever, run, serve_engine_service
 from rpc.telemetry import setup_tracing
 from rpc.tls import internal_identity
+from verifier_svc.core import EngineProcess, LocalEngine
 from verifier_svc.service import PrefillItem, VerifierEngine
 from verifier_svc.servicer import VerifierServicer
 from verifier_svc.settings import VerifierSettings
@@ -37,54 +39,64 @@ def warm_up(engine: VerifierEngine) -> None:
 async def serve(settings: VerifierSettings) -> None:
     from prometheus_client import Gauge
 
-    from engine.factory import build_engine
-
     identity = internal_identity(settings)  # before the model loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-verifier")
-    built = build_engine(settings.model, settings.draft, settings.engine_config(),
-                         drafter=_remote(settings, identity) if settings.direct_drafter_address else None)
-    engine = VerifierEngine(built.decoder, settings.lease_s)
-    servicer = VerifierServicer(engine, built.target.config.vocab_size)
-    direct = settings.direct_drafter_address
-    log.info("verifier: model %s, %s", built.target.source,
-             f"drafting through {built.decoder.drafter.name} at {direct}" if direct
-             else f"embedded drafter {settings.draft}")
+    if settings.engine_process:
+        engine = EngineProcess(settings)
+        await engine.start()  # the model loads there
+        vocab_size = engine.vocab_size
+    else:
+        from engine.factory import build_engine
+
+        built = build_engine(settings.model, settings.draft, settings.engine_config(),
+                             drafter=remote_drafter(settings, identity) if settings.direct_drafter_address else None)
+        describe(built, settings)
+        engine, vocab_size = LocalEngine(VerifierEngine(built.decoder, settings.lease_s)), built.target.config.vocab_size
+    servicer = VerifierServicer(engine, vocab_size)
+    read = lambda key: lambda: engine.snapshot()[key]  # noqa: E731
     Gauge("tandem_verifier_prefill_chunks", "verifier: engine calls that ran a part of a Prefill's prompts so far "
           "(--max-round-tokens: a long prompt is prefilled in chunks, other calls run between them)").set_function(
-        lambda: engine.prefill_chunks)
-    if built.decoder.fast.policy is not None:
-        policy = built.decoder.fast.policy
+        read("prefill_chunks"))
+    first = engine.snapshot()
+    if "spec_k" in first:
         Gauge("tandem_verifier_spec_k", "verifier: the draft length the batch policy chose for the last round "
-              "(0: plain decoding; engine/policy.py)").set_function(lambda: policy.last_k)
-    if settings.direct_drafter_address:
-        remote = built.decoder.drafter
+              "(0: plain decoding; engine/policy.py)").set_function(read("spec_k"))
+    if "draft_calls" in first:
         engine_counter("tandem_verifier_draft_calls", "verifier: Draft calls to its drafter service "
                        "(--direct-drafter-address): sent, of them failed (plain decoding for --drafter-retry-s), and "
-                       "rows resynced (the drafter had lost them: sent again whole)", "outcome", remote.stats)
+                       "rows resynced (the drafter had lost them: sent again whole)", "outcome", read("draft_calls"))
         Gauge("tandem_verifier_draft_call_seconds", "verifier: wall time spent in Draft calls to its drafter service "
               "so far (a running total: serialization, the wire and the drafter's work)").set_function(
-            lambda: remote.call_s)
+            read("draft_call_s"))
     engine_counter("tandem_fast_path_exits", "verifier: rows of co-located rounds run eagerly although the fused "
-                   "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", engine.fast_path_exits)
+                   "fast path exists, by reason (engine/rounds/base.py Reason)", "reason", read("fast_path_exits"))
     engine_counter("tandem_verifier_rows", "verifier: rows of every round, by why they ran where they ran "
-                   "(engine/rounds/base.py Reason: on_graph, demoted, prefill, ...)", "reason", engine.rows)
+                   "(engine/rounds/base.py Reason: on_graph, demoted, prefill, ...)", "reason", read("rows"))
     engine_counter("tandem_verifier_fused_rounds", "verifier: fused (graph) rounds run, of them launched ahead of "
                    "the round before, rounds launched ahead but dropped unread, and rounds launched ahead without the rows "
-                   "that had finished (compacted)", "outcome", engine.fused_rounds)
+                   "that had finished (compacted)", "outcome", read("fused_rounds"))
     serve_seconds = Gauge("tandem_verifier_serve_seconds", "verifier: the engine thread's time while serving Serve "
                           "streams so far, by phase: running rounds, between one round and the next (other engine "
                           "calls, waiting for the GIL) and idle (no request to run)", ["phase"])
     engine_counter("tandem_verifier_serve_rounds", "verifier: rounds run for Serve streams (rows per round: "
-                   "tandem_verifier_rows_total over this)", "kind", lambda: {"run": servicer.loop.rounds})
+                   "tandem_verifier_rows_total over this)", "kind", lambda: {"run": engine.snapshot()["serve_rounds"]})
     for phase in ("round", "between", "idle"):
-        serve_seconds.labels(phase).set_function(lambda phase=phase: servicer.loop.seconds()[phase])
+        serve_seconds.labels(phase).set_function(lambda phase=phase: engine.snapshot()["serve_seconds"][phase])
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
-                               settings.verifier_port, settings, lambda: _start(servicer, engine, settings),
-                               engine.stats, identity)
+                               settings.verifier_port, settings, lambda: _start(engine, settings),
+                               read("stats"), identity)
 
 
-def _remote(settings: VerifierSettings, identity):
+def describe(built, settings: VerifierSettings) -> None:
+    direct = settings.direct_drafter_address
+    log.info("verifier: model %s, %s; engine in %s", built.target.source,
+             f"drafting through {built.decoder.drafter.name} at {direct}" if direct
+             else f"embedded drafter {settings.draft}",
+             f"process {os.getpid()} of its own" if settings.engine_process else "this process")
+
+
+def remote_drafter(settings: VerifierSettings, identity):
     """The drafter service at ``direct_drafter_address`` as this verifier's drafter, once it answers."""
     from verifier_svc.remote_drafter import RemoteDrafter, open_channel
 
@@ -96,9 +108,9 @@ def _remote(settings: VerifierSettings, identity):
     return make
 
 
-async def _start(servicer: VerifierServicer, engine: VerifierEngine, settings: VerifierSettings) -> None:
-    await servicer.run(warm_up, engine)
-    servicer.reaper = asyncio.create_task(reap_forever("verifier", lambda: servicer.run(engine.reap), settings.lease_s))
+async def _start(engine: EngineProcess | LocalEngine, settings: VerifierSettings) -> None:
+    await engine.call("warm_up")
+    engine.reaper = asyncio.create_task(reap_forever("verifier", lambda: engine.call("reap"), settings.lease_s))
 
 
 def main(settings: VerifierSettings) -> None:

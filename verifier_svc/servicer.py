@@ -1,9 +1,9 @@
-"""tandem.v1.Verifier: proto <-> engine types; the engine runs on one dedicated thread."""
+"""tandem.v1.Verifier: proto <-> engine types; the engine runs behind an ``EngineHandle`` (verifier_svc/core.py: a
+process of its own, or a thread of this one)."""
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import grpc
@@ -13,8 +13,9 @@ from engine.spec import RoundItem
 from protos.tandem.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from rpc import convert, tensors
 from rpc.status import code_for, message_for
-from verifier_svc.service import PrefillItem, Result, VerifierEngine
-from verifier_svc.serving import Admit, Outcome, RoundLoop
+from verifier_svc.core import EngineProcess, LocalEngine
+from verifier_svc.service import PrefillItem, Result
+from verifier_svc.serving import Admit, Outcome
 
 _END = object()  # the caller closed its side of a Serve stream
 MAX_ROUNDS_PER_UPDATE = 64  # rounds a slow reader gets in one ServeUpdate
@@ -62,14 +63,9 @@ def _convert(fn: Callable, *args):
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, engine: VerifierEngine, vocab_size: int) -> None:
-        self.engine = engine
+    def __init__(self, engine: EngineProcess | LocalEngine, vocab_size: int) -> None:
+        self.engine = engine  # VerifierEngine's methods by name, between rounds; the RoundLoop's sessions
         self.vocab = vocab_size
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-engine")
-        self.loop = RoundLoop(engine.decoder, self.pool)
-
-    async def run(self, fn: Callable, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def _prefill_item(self, it: verifier_pb2.PrefillItem) -> PrefillItem:
         return PrefillItem(it.request_id, tensors.token_ids(it.prompt, "prompt"),
@@ -82,9 +78,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         probs = convert.draft_probs_from_pb(it.draft_probs, drafts, self.vocab) if it.HasField("draft_probs") else None
         return RoundItem(it.request_id, drafts, probs)
 
-    async def _engine_call(self, context, fn, *args):
+    async def _engine_call(self, context, name: str, *args):
         try:
-            return await self.run(fn, *args)
+            return await self.engine.call(name, *args)
         except ValueError as exc:  # a call-level field (feature_layers); per-item errors never get here
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -92,19 +88,19 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         items = [_convert(self._prefill_item, it) for it in request.items]
         layers = list(request.feature_layers)
         if not self.engine.chunk_tokens:
-            results = await self._engine_call(context, self.engine.prefill, items, layers, request.feature_window)
+            results = await self._engine_call(context, "prefill", items, layers, request.feature_window)
         else:  # the prompts in chunks, each its own engine call: other calls (Verify, Step) run between them
-            started, errors = await self._engine_call(context, self.engine.start, items, layers)
+            started, errors = await self._engine_call(context, "start", items, layers)
             ids = [items[i].request_id for i in started]
-            while await self.run(self.engine.prefill_chunk, ids, layers):
+            while await self.engine.call("prefill_chunk", ids, layers):
                 pass
-            results = await self._engine_call(context, self.engine.finish_prefill, items, started, errors, layers,
+            results = await self._engine_call(context, "finish_prefill", items, started, errors, layers,
                                               request.feature_window)
         return verifier_pb2.VerifyResponse(verdicts=[verdict(it.request_id, r) for it, r in zip(request.items, results)])
 
     async def Verify(self, request, context):
         items = [_convert(self._round_item, it) for it in request.items]
-        results = await self._engine_call(context, self.engine.verify, items, list(request.feature_layers),
+        results = await self._engine_call(context, "verify", items, list(request.feature_layers),
                                           request.feature_window)
         return verifier_pb2.VerifyResponse(verdicts=[verdict(it.request_id, r) for it, r in zip(request.items, results)])
 
@@ -113,11 +109,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "Step needs an embedded drafter: start the verifier with --draft (co-located mode)")
         ids = [it.request_id for it in request.items]
-        results = await self.run(self.engine.step, ids, [it.k for it in request.items])
+        results = await self.engine.call("step", ids, [it.k for it in request.items])
         return verifier_pb2.VerifyResponse(verdicts=[verdict(i, r) for i, r in zip(ids, results)])
 
     async def Release(self, request, context):
-        released = await self.run(self.engine.release, list(request.request_ids))
+        released = await self.engine.call("release", list(request.request_ids))
         return common_pb2.ReleaseResponse(released=released)
 
     def _admit(self, it: verifier_pb2.ServeAdmit) -> Admit:
@@ -136,7 +132,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                     except ValueError as exc:
                         out.put_nowait((it.slot, exc))
                 cancels = tensors.token_ids(ctl.cancel, "cancel") if ctl.HasField("cancel") else []
-                self.loop.control(session, admits, cancels)
+                self.engine.control(session, admits, cancels)
         finally:
             out.put_nowait(_END)
 
@@ -145,8 +141,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "Serve needs an embedded drafter: start the verifier with --draft (co-located mode)")
         out: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        session = self.loop.open(lambda item: loop.call_soon_threadsafe(out.put_nowait, item))
+        session = self.engine.open(out.put_nowait)
         reader = asyncio.create_task(self._controls(request_iterator, session, out))
         try:
             while True:
@@ -154,6 +149,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 while not out.empty() and len(items) < MAX_ROUNDS_PER_UPDATE:  # a slow reader gets rounds together
                     items.append(out.get_nowait())
                 end = _END in items
+                lost = next((i for i in items if isinstance(i, Exception)), None)
+                if lost is not None:  # the engine is gone (its process ended): the caller resumes elsewhere
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(lost))
                 items = [i for i in items if i is not _END]
                 if items:
                     yield _update(items)
@@ -164,4 +162,4 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                     return
         finally:
             reader.cancel()
-            self.loop.control(session, close=True)  # every request of the stream goes, its KV freed
+            self.engine.control(session, close=True)  # every request of the stream goes, its KV freed

@@ -20,6 +20,9 @@ class VerifierSettings(ServiceEngineSettings):
                                    "long before the drafter is called again")
     drafter_connect_s: float = Field(300.0, gt=0, description="how long start-up waits for direct_drafter_address "
                                      "to answer (it tells the verifier which target features it drafts from)")
+    engine_process: bool = Field(True, description="run the engine in a process of its own beside the gRPC server "
+                                 "(its rounds then never wait for the GIL the server's threads hold); off: on a thread "
+                                 "of the server's process")
     feature_window: int = Field(1024, ge=1, description="a feature-fed drafter at direct_drafter_address gets at "
                                 "most this many of a request's latest target features at once")
 

@@ -43,10 +43,27 @@
 # Q: where a served round's time goes against an in-process one, this tree: the in-process engine at batch 64 (512
 #    HumanEval prompts, greedy) under py-spy record (--threads --idle, raw); then the co-located stack at c 64 over
 #    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
-# R: gateway processes, this tree: the co-located stack with 1, 2, 2, 1 gateway processes sharing its port (tandem
-#    serve --gateways), c 8 and 64 greedy over NUM (default 512) prompts a load, beside the in-process engine.
+# R: gateway processes, this tree: the co-located stack with GATEWAYS (default 1,2,2,1) gateway processes sharing
+#    its port (tandem serve --gateways), c 8 and 64 greedy over NUM (default 512) prompts a load, beside the
+#    in-process engine.
 # S: the co-located stack with 2 gateway processes at c 64 greedy (512 prompts): Python's default thread switch
 #    interval (5 ms) against 0.5 ms in every process (a sitecustomize.py on PYTHONPATH; an experiment), ABBA.
+# U: where a served c 64 round's time goes with two gateways, this tree: the in-process engine at batch 64 (512
+#    HumanEval prompts, greedy, plain) admitted in waves and continuously; then the co-located stack with 2 gateway
+#    processes at c 64 over 2,048 prompts, its verifier recorded by py-spy three times mid-load: the thread holding
+#    the GIL (--gil), every thread (--threads --idle) and every thread with native frames (--native: a thread
+#    waiting for the GIL shows take_gil) (carry [".carry/env", ".whl"]).
+# W: the verifier's CPUs: the co-located stack with 2 gateway processes at c 64 greedy (NUM, default 1,024 prompts)
+#    as the OS places its processes, against the verifier pinned to two physical cores of its own (every logical
+#    CPU of them) and everything else (gateways, clients) to the other cores (taskset; an experiment), ABBA.
+# X: the served round without gRPC (bench/device/serve_probe.py): the verifier's engine at c 64 greedy over NUM
+#    (default 1,024) prompts driven by decoder.step() on one thread, by the RoundLoop on its engine thread with a
+#    thread or an asyncio loop taking its outcomes, ABBA; then the co-located stack (2 gateways) on the same load.
+# Y: the verifier's engine on a thread of the gRPC process (TANDEM_ENGINE_PROCESS=false) against a process of its
+#    own (the default from 2026-11-26), ABBA after a warm-up: the co-located stack with GATEWAYS (default 2)
+#    gateway processes at c 8 and 64 greedy over NUM (default 512) prompts a load.
+# Z: the table of issue 21 at this tree: bench-serve co-located (GATEWAYS, default 2) and split --direct-draft
+#    beside the in-process engine, c 1, 8 and 64, greedy and T 0.7, default prompt counts.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -210,8 +227,66 @@ case "${PART:-A}" in
         --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       echo "$variant: $(grep -E '^\{' "$OUT/$tag.log" | cut -c1-120)"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  U)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    timeout 150 python3 -m cli.main bench --name "$name-inproc64" --dataset humaneval --num-prompts 512 --batch-sizes 64 \
+      --drafts none --baselines none --temperatures 0 --admission waves,continuous --attention torch --device cuda \
+      --out-dir "$OUT" > "$OUT/$name-inproc64.log" 2>&1
+    grep -E '^\|' "$OUT/$name-inproc64.md" | cut -d'|' -f2-12; echo "in-process done at $SECONDS s"
+    log="$OUT/$name-gil64.log"
+    (for _ in $(seq 900); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break; sleep 0.3; done
+     sleep 3; pid=$(pgrep -f "cli.main verifier" | head -1)
+     py-spy record -r 250 -d 3 --gil --nonblocking -f raw -o "$OUT/pyspy-gil.txt" --pid "$pid" > /dev/null 2>&1
+     py-spy record -r 250 -d 3 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-threads.txt" --pid "$pid" \
+       > /dev/null 2>&1
+     py-spy record -r 100 -d 3 --threads --idle --native -f raw -o "$OUT/pyspy-native.txt" --pid "$pid" \
+       > "$OUT/native.log" 2>&1) &
+    timeout 300 python3 -m cli.main bench-serve --name "$name-gil64" --servers tandem-colocated --gateways 2 \
+      --concurrency 64 --num-prompts 2048 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
+      --out-dir "$OUT" > "$log" 2>&1
+    wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
+  W)
+    lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|MHz'
+    vcpus=$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$2<2{print $1}' | paste -sd,)
+    rest=$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$2>=2{print $1}' | paste -sd,)
+    echo "verifier on CPUs $vcpus; gateways and clients on $rest"
+    for variant in free pinned pinned free; do
+      tag="$name-cpus-$variant-$SECONDS"; pre=()
+      if [ $variant = pinned ]; then
+        pre=(taskset -c "$rest")
+        (for _ in $(seq 900); do p=$(pgrep -f "cli.main verifier" | head -1); [ -n "$p" ] && break; sleep 0.1; done
+         sleep 0.5; taskset -a -p -c "$vcpus" "$p" > /dev/null; echo "pinned verifier $p") &
+      fi
+      "${pre[@]}" timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated --gateways 2 \
+        --concurrency 64 --temperatures 0 --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
+        --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      wait; echo "$variant: $(grep -E '^\{' "$OUT/$tag.log" | cut -c1-120)"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  X)
+    TANDEM_ATTENTION=torch timeout 300 python3 bench/device/serve_probe.py --concurrency 64 --num-prompts ${NUM:-1024} \
+      --modes step,loop,aio,aio,loop,step > "$OUT/$name-probe.log" 2>&1
+    grep -E '^\{' "$OUT/$name-probe.log"; echo "probe done at $SECONDS s"
+    timeout 200 python3 -m cli.main bench-serve --name "$name-probe-served" --servers tandem-colocated --gateways 2 \
+      --concurrency 64 --temperatures 0 --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
+      --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-probe-served.log" 2>&1
+    grep -E '^\{' "$OUT/$name-probe-served.log" | cut -c1-120; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  Y)
+    serve() {  # tag engine_process num
+      TANDEM_ENGINE_PROCESS=$2 timeout 200 python3 -m cli.main bench-serve --name "$1" --servers tandem-colocated \
+        --gateways ${GATEWAYS:-2} --concurrency 8,64 --temperatures 0 --num-prompts $3 --max-tokens 128 \
+        --client-processes 4 --attention torch --device cuda --out-dir "$OUT" > "$OUT/$1.log" 2>&1
+      echo "engine_process=$2: $(grep -E '^\{' "$OUT/$1.log" | cut -c1-100 | tr '\n' ' ')"; }
+    serve warmup true 64; rm -f "$OUT"/warmup.*
+    for variant in false true true false; do serve "$name-engine-process-$variant-$SECONDS" $variant ${NUM:-512}; done
+    rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  Z)
+    timeout 590 python3 -m cli.main bench-serve --name "$name-table" --servers tandem-colocated,tandem-split-direct \
+      --gateways ${GATEWAYS:-2} --concurrency 1,8,64 --temperatures 0,0.7 --max-tokens 128 --client-processes 4 \
+      --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-table.log" 2>&1
+    grep -E '^\{' "$OUT/$name-table.log" | cut -c1-160; rm -f "$OUT"/*.png ;;
   R)
-    timeout 560 python3 -m cli.main bench-serve --name "$name-gateways" --servers tandem-colocated --gateways 1,2,2,1 \
+    timeout 560 python3 -m cli.main bench-serve --name "$name-gateways" --servers tandem-colocated \
+      --gateways ${GATEWAYS:-1,2,2,1} \
       --concurrency 8,64 --temperatures 0 --num-prompts ${NUM:-512} --max-tokens 128 --client-processes 4 --in-process \
       --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-gateways.log" 2>&1
     grep -E '^\{' "$OUT/$name-gateways.log" | cut -c1-230; rm -f "$OUT"/*.png ;;

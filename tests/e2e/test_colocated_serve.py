@@ -4,12 +4,17 @@ Real processes on loopback: two co-located verifiers behind one gateway. Every s
 decoding token for token (text included) when the requests are spread over both, when one verifier is killed
 mid-stream (its requests are admitted again on the other with their output so far) and beside a request the
 verifier refuses; a cancelled stream's KV is freed; and the verifier's streams are sessions of their own: one
-caller's slots name nothing of another's.
+caller's slots name nothing of another's. Each verifier runs its engine in a process of its own (the default): that
+process killed mid-stream stops its verifier and its requests go on, on the other; the same stack with the engine
+on a thread of the verifier's process streams exactly as well.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,7 +23,8 @@ from protos.tandem.v1 import common_pb2, gateway_pb2_grpc, verifier_pb2, verifie
 from rpc import convert, tensors
 from tests.e2e.conftest import chat_request, metrics, run
 from tests.e2e.test_faults import _wait_for
-from tests.e2e.test_replicas import TEXTS, assert_exact, moved, reference, replicas_up, start_replicas, streams
+from tests.e2e.test_replicas import (TEXTS, assert_exact, moved, reference, replicas_up, start_replicas, streams,
+                                     wait_ready_replicas)
 
 __all__ = ["reference"]  # the module fixture, shared with test_replicas
 
@@ -106,6 +112,42 @@ def test_serve_streams_are_sessions_of_their_own(stack):
     first, got = run(two_callers())
     assert len(first.rounds) >= 1 and got == 6
     _wait_for(lambda: running(stack, "verifier") + running(stack, "verifier-1") == 0, what="the sessions' KV")
+
+
+def engine_process(pid: int) -> int:
+    """The verifier's engine process (verifier_svc/core.py): the child it started through multiprocessing's spawn."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text():
+                return int(child)
+    raise AssertionError(f"verifier {pid} has no engine process")
+
+
+def test_an_engine_process_killed_mid_stream_stops_its_verifier_and_moves_its_requests(stack, reference):
+    """verifier-1's engine dies: that verifier's Serve streams end UNAVAILABLE and it stops itself (whatever runs it
+    starts a fresh one: here the test), while the gateway goes on with those requests on the other verifier."""
+    before = moved(stack, "verifier")
+    verifier = stack.procs["verifier-1"]
+    engine = engine_process(verifier.pid)
+    results, _ = run(streams(stack.gateway_address, lambda: os.kill(engine, signal.SIGKILL)))
+    assert_exact(results, reference)
+    assert moved(stack, "verifier") >= before + 1
+    assert verifier.wait(timeout=60) is not None  # ended by itself, nobody signalled it
+    stack.start_one("verifier-1")
+    wait_ready_replicas(stack, 2)
+
+
+def test_an_engine_on_a_thread_of_the_verifier_streams_exactly(reference):
+    """engine_process off (TANDEM_ENGINE_PROCESS=false): the engine runs on a thread of the verifier's process."""
+    local = start_replicas(1, 0, colocated=True, draft="ngram", k=4, extra_env={"TANDEM_ENGINE_PROCESS": "false"})
+    try:
+        with pytest.raises(AssertionError, match="no engine process"):
+            engine_process(local.procs["verifier"].pid)
+        results, _ = run(streams(local.gateway_address))
+        assert_exact(results, reference)
+        assert metrics(local, "verifier")["tandem_verifier_serve_rounds_total{kind=\"run\"}"] > 0
+    finally:
+        local.stop()
 
 
 def test_a_verifier_killed_mid_stream_moves_its_requests(stack, reference):

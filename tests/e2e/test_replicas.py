@@ -36,17 +36,21 @@ def start_replicas(verifiers: int, drafters: int, **overrides) -> Stack:
     """Processes with one torch thread each: five of them share a small CPU without oversubscribing it."""
     n = 1 + verifiers + drafters
     cfg = StackConfig(port=free_block(n), metrics_port=free_block(n), device="cpu", kv_cache_tokens=8192,
-                      verifiers=verifiers, drafters=drafters, extra_env={"OMP_NUM_THREADS": "1"}, **overrides)
+                      verifiers=verifiers, drafters=drafters,
+                      **{**overrides, "extra_env": {"OMP_NUM_THREADS": "1", **overrides.get("extra_env", {})}})
     stack = Stack(cfg)
     stack.start()
     try:
         stack.wait_ready(timeout_s=300)
-        # the gateway serves once one verifier is up: wait until it uses every replica
-        _wait_for(lambda: replicas_up(stack) == n - 1, what="the gateway to find every replica up")
+        wait_ready_replicas(stack, n - 1)  # the gateway serves once one verifier is up: it uses every replica
     except Exception:
         stack.stop()
         raise
     return stack
+
+
+def wait_ready_replicas(stack: Stack, n: int, timeout_s: float = 300.0) -> None:
+    _wait_for(lambda: replicas_up(stack) == n, timeout=timeout_s, what=f"the gateway to use {n} replicas")
 
 
 def replicas_up(stack: Stack, service: str = "") -> int:

@@ -1,0 +1,142 @@
+"""Where a served round's time goes, without gRPC (an experiment for issue 21; device recipe, GPU only).
+
+Builds the verifier's engine as ``tandem verifier --draft auto`` does (verifier_svc.main: build_engine, warm_up) and
+drives the same prompts at a fixed concurrency, each stream sending its next prompt as soon as its last finishes,
+three ways in turn (ABBA over REPS):
+
+  step:  decoder.step() in a loop on this thread (as ``tandem bench --admission continuous``);
+  loop:  the verifier's RoundLoop on its engine thread, outcomes handed to this thread through a queue.Queue;
+  aio:   the RoundLoop with outcomes handed to an asyncio loop by call_soon_threadsafe (as the Serve servicer does).
+
+Prints one JSON line per run: tokens/s, rounds, ms a round. Usage (after bench/device/env.sh):
+  python3 bench/device/serve_probe.py [--concurrency 64] [--num-prompts 1024] [--modes step,loop,aio,aio,loop,step]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import queue
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.run import dataset_prompts  # noqa: E402
+from engine.config import SamplingParams  # noqa: E402
+from verifier_svc.serving import Admit, Outcome, RoundLoop  # noqa: E402
+
+
+def _params(i: int, max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
+
+
+def run_step(dec, prompts, c, max_tokens):
+    todo = iter(range(len(prompts)))
+    tokens = rounds = 0
+    for j in itertools.islice(todo, c):
+        dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+    while dec.has_unfinished():
+        outs = dec.step()
+        rounds += 1
+        for o in outs:
+            tokens += len(o.new_token_ids)
+            if o.finished:
+                for j in itertools.islice(todo, 1):
+                    dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+    return tokens, rounds
+
+
+def _drive(loop: RoundLoop, get, session, prompts, c, max_tokens):
+    todo = iter(range(len(prompts)))
+    left = len(prompts)
+    tokens = 0
+    admit = lambda js: [Admit(j, list(prompts[j]), [], _params(j, max_tokens)) for j in js]  # noqa: E731
+    loop.control(session, admit(itertools.islice(todo, c)))
+    while left:
+        item = get()
+        if not isinstance(item, Outcome):
+            raise RuntimeError(f"refused: {item}")
+        tokens += int(item.counts.sum())
+        done = sum(f is not None for f in item.finish)
+        left -= done
+        nxt = admit(itertools.islice(todo, done))
+        if nxt:
+            loop.control(session, nxt)
+    return tokens
+
+
+def run_loop(rl: RoundLoop, prompts, c, max_tokens):
+    q: queue.Queue = queue.Queue()
+    session = rl.open(q.put)
+    r0 = rl.rounds
+    tokens = _drive(rl, q.get, session, prompts, c, max_tokens)
+    rl.control(session, close=True)
+    return tokens, rl.rounds - r0
+
+
+def run_aio(rl: RoundLoop, prompts, c, max_tokens):
+    async def main():
+        q: asyncio.Queue = asyncio.Queue()
+        aloop = asyncio.get_running_loop()
+        session = rl.open(lambda item: aloop.call_soon_threadsafe(q.put_nowait, item))
+        todo = iter(range(len(prompts)))
+        left, tokens = len(prompts), 0
+        admit = lambda js: [Admit(j, list(prompts[j]), [], _params(j, max_tokens)) for j in js]  # noqa: E731
+        rl.control(session, admit(itertools.islice(todo, c)))
+        while left:
+            item = await q.get()
+            tokens += int(item.counts.sum())
+            done = sum(f is not None for f in item.finish)
+            left -= done
+            nxt = admit(itertools.islice(todo, done))
+            if nxt:
+                rl.control(session, nxt)
+        rl.control(session, close=True)
+        return tokens
+
+    r0 = rl.rounds
+    tokens = asyncio.run(main())
+    return tokens, rl.rounds - r0
+
+
+def main() -> int:
+    from engine.factory import build_engine
+    from verifier_svc.main import warm_up
+    from verifier_svc.service import VerifierEngine
+    from verifier_svc.settings import VerifierSettings
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--num-prompts", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--modes", default="step,loop,aio,aio,loop,step")
+    args = ap.parse_args()
+    settings = VerifierSettings(draft="auto", max_batch_size=args.concurrency)
+    built = build_engine(settings.model, settings.draft, settings.engine_config(), progress=False)
+    engine = VerifierEngine(built.decoder, settings.lease_s)
+    warm_up(engine)
+    dec = engine.decoder
+    pool = dataset_prompts("humaneval", built.target.tokenizer, args.num_prompts)
+    prompts = [pool[i % len(pool)] for i in range(args.num_prompts)]
+    rl = RoundLoop(dec, ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-engine"))
+    runs = {"step": lambda: run_step(dec, prompts, args.concurrency, args.max_tokens),
+            "loop": lambda: run_loop(rl, prompts, args.concurrency, args.max_tokens),
+            "aio": lambda: run_aio(rl, prompts, args.concurrency, args.max_tokens)}
+    run_step(dec, prompts[: 2 * args.concurrency], args.concurrency, args.max_tokens)  # warm-up
+    for mode in args.modes.split(","):
+        t = time.perf_counter()
+        tokens, rounds = runs[mode]()
+        dt = time.perf_counter() - t
+        print(json.dumps({"mode": mode, "concurrency": args.concurrency, "tokens": tokens, "rounds": rounds,
+                          "tokens_per_s": round(tokens / dt, 1), "ms_per_round": round(dt / rounds * 1e3, 3)}),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
