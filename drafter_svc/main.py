@@ -61,7 +61,7 @@ async def serve(settings: DrafterSettings) -> None:
     setup_tracing("tandem-drafter")
     config = settings.engine_config(wire=True)  # sampled drafts cross the wire as their top m
     engine = build(settings, config)
-    servicer = DrafterServicer(engine, config.draft_top_m or engine.vocab)
+    servicer = DrafterServicer(engine, config.draft_top_m or engine.vocab, config.device)
     log.info("drafter: %s", settings.draft)
     Gauge("tandem_drafter_draft_seconds", "drafter: time spent drafting so far (a running total: the drafter's "
           "own work, without gRPC)").set_function(lambda: engine.draft_s)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 from drafter_svc.service import Draft, DrafterEngine, DraftItem, ResyncNeeded
+from engine.factory import engine_thread
 from protos.tandem.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from rpc import convert, tensors
 
@@ -32,10 +32,10 @@ def _result(request_id: str, r: Draft | Exception, top_m: int) -> drafter_pb2.Dr
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, engine: DrafterEngine, top_m: int) -> None:
+    def __init__(self, engine: DrafterEngine, top_m: int, device: str) -> None:
         self.engine = engine
         self.top_m = top_m
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-engine")
+        self.pool = engine_thread("drafter-engine", device)
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,12 @@ def use_device(device: str) -> None:
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is not None:
         torch.cuda.set_device(dev)
+
+
+def engine_thread(name: str, device: str) -> ThreadPoolExecutor:
+    """A service's one engine thread, with ``device`` its current CUDA device: the current device is a thread's own,
+    so a thread that captures or replays graphs on ``cuda:1`` must make it current itself."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=use_device, initargs=(device,))
 
 
 def default_dtype(device: str) -> str:

@@ -24,7 +24,6 @@ import pickle
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from verifier_svc.serving import Admit, RoundLoop
@@ -71,10 +70,12 @@ def snapshot(engine, loop: RoundLoop) -> dict[str, Any]:
 class LocalEngine:
     """The engine on one dedicated thread of this process (``engine_process`` off)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, device: str) -> None:
+        from engine.factory import engine_thread
+
         self.engine = engine
         self.can_step, self.chunk_tokens = engine.can_step, engine.chunk_tokens
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-engine")
+        self.pool = engine_thread("verifier-engine", device)
         self.loop = RoundLoop(engine.decoder, self.pool)
 
     async def call(self, name: str, *args):

@@ -51,7 +51,8 @@ async def serve(settings: VerifierSettings) -> None:
         built = build_engine(settings.model, settings.draft, settings.engine_config(),
                              drafter=remote_drafter(settings, identity) if settings.direct_drafter_address else None)
         describe(built, settings)
-        engine, vocab_size = LocalEngine(VerifierEngine(built.decoder, settings.lease_s)), built.target.config.vocab_size
+        engine = LocalEngine(VerifierEngine(built.decoder, settings.lease_s), settings.engine_config().device)
+        vocab_size = built.target.config.vocab_size
     servicer = VerifierServicer(engine, vocab_size)
     read = lambda key: lambda: engine.snapshot()[key]  # noqa: E731
     Gauge("tandem_verifier_prefill_chunks", "verifier: engine calls that ran a part of a Prefill's prompts so far "

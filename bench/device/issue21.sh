@@ -96,6 +96,7 @@ case "${PART:-A}" in
   I)
     timeout 590 python3 -m cli.main bench-serve --name "$name-served-2gpu" \
       --servers tandem-colocated,tandem-split-direct --drafter-device cuda:1 --concurrency 1,8,64 --temperatures 0 \
+      ${GATEWAYS:+--gateways $GATEWAYS} \
       --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda:0 --out-dir "$OUT" \
       > "$OUT/$name-served-2gpu.log" 2>&1
     grep -E '^\{' "$OUT/$name-served-2gpu.log" | cut -c1-220; nvidia-smi --query-gpu=index,name --format=csv,noheader
