@@ -64,6 +64,9 @@
 #    gateway processes at c 8 and 64 greedy over NUM (default 512) prompts a load.
 # Z: the table of issue 21 at this tree: bench-serve co-located (GATEWAYS, default 2) and split --direct-draft
 #    beside the in-process engine, c 1, 8 and 64, greedy and T 0.7, default prompt counts.
+# AB: A/B of BASE=path's tree and this one at c 64 greedy over NUM (default 1,024) prompts, ABBA: the engine alone
+#    (serve_probe.py, decoder.step() with each stream's next prompt as its last ends) and the co-located stack with
+#    2 gateway processes.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-A}" in
@@ -285,6 +288,20 @@ case "${PART:-A}" in
       --gateways ${GATEWAYS:-2} --concurrency 1,8,64 --temperatures 0,0.7 --max-tokens 128 --client-processes 4 \
       --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-table.log" 2>&1
     grep -E '^\{' "$OUT/$name-table.log" | cut -c1-160; rm -f "$OUT"/*.png ;;
+  AB)
+    probe() {  # tree tag
+      (cd "$1" && TANDEM_ATTENTION=torch timeout 200 python3 bench/device/serve_probe.py --concurrency 64 \
+        --num-prompts ${NUM:-1024} --modes step,step > "$OUT/$2.log" 2>&1)
+      echo "$2: $(grep -E '^\{' "$OUT/$2.log" | cut -c1-130 | tr '\n' ' ')"; }
+    serve() {  # tree tag
+      (cd "$1" && timeout 200 python3 -m cli.main bench-serve --name "$2" --servers tandem-colocated --gateways 2 \
+        --concurrency 64 --temperatures 0 --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
+        --attention torch --device cuda --out-dir "$OUT" > "$OUT/$2.log" 2>&1)
+      echo "$2: $(grep -E '^\{' "$OUT/$2.log" | cut -c1-100)"; }
+    for t in base new new base; do
+      tree=$([ $t = base ] && echo "$BASE" || echo .)
+      probe "$tree" "$name-probe-$t-$SECONDS"; serve "$tree" "$name-serve-$t-$SECONDS"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   R)
     timeout 560 python3 -m cli.main bench-serve --name "$name-gateways" --servers tandem-colocated \
       --gateways ${GATEWAYS:-1,2,2,1} \
