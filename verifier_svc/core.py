@@ -24,7 +24,7 @@ import pickle
 import signal
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from verifier_svc.serving import Admit, RoundLoop
 
@@ -32,6 +32,25 @@ log = logging.getLogger("tandem.verifier")
 
 Deliver = Callable[[Any], None]  # an Outcome or (slot, exception), called on the event loop's thread
 SNAPSHOT_TIMEOUT_S = 1.0  # a metrics scrape waits this long for a busy engine process, then reads the last one
+
+
+class EngineHandle(Protocol):
+    """What the servicer holds of the engine, wherever it runs."""
+
+    can_step: bool             # an embedded drafter: Step and Serve work
+    chunk_tokens: int | None   # a Prefill's prompt tokens per engine call (None: whole)
+
+    async def call(self, name: str, *args) -> Any:
+        """``VerifierEngine.<name>(*args)`` (or ``warm_up``) between rounds; its exception is raised here."""
+
+    def open(self, deliver: Deliver) -> Any:
+        """A Serve session; ``deliver`` gets its outcomes and refusals on the event loop's thread."""
+
+    def control(self, session, admits: Sequence[Admit] = (), cancels: Sequence[int] = (), close: bool = False) -> None:
+        """Queue a session's admissions and cancellations (``close``: it ended, its requests go)."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The engine's counters (``snapshot`` below), from any thread."""
 
 
 def send(conn, msg: tuple) -> None:
@@ -62,7 +81,9 @@ def snapshot(engine, loop: RoundLoop) -> dict[str, Any]:
            "prefill_chunks": engine.prefill_chunks}
     if dec.fast.policy is not None:
         out["spec_k"] = dec.fast.policy.last_k
-    if hasattr(dec.drafter, "call_s"):  # a drafter service this verifier calls (verifier_svc/remote_drafter.py)
+    from verifier_svc.remote_drafter import RemoteDrafter
+
+    if isinstance(dec.drafter, RemoteDrafter):  # a drafter service this verifier calls (--direct-drafter-address)
         out["draft_calls"], out["draft_call_s"] = dec.drafter.stats(), dec.drafter.call_s
     return out
 

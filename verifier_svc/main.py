@@ -13,7 +13,7 @@ from rpc.metrics import engine_counter
 from rpc.server import Service, reap_forever, run, serve_engine_service
 from rpc.telemetry import setup_tracing
 from rpc.tls import internal_identity
-from verifier_svc.core import EngineProcess, LocalEngine
+from verifier_svc.core import EngineHandle, EngineProcess, LocalEngine
 from verifier_svc.service import PrefillItem, VerifierEngine
 from verifier_svc.servicer import VerifierServicer
 from verifier_svc.settings import VerifierSettings
@@ -41,6 +41,7 @@ async def serve(settings: VerifierSettings) -> None:
 
     identity = internal_identity(settings)  # before the model loads: no TLS files (nor insecure) ends it here
     setup_tracing("tandem-verifier")
+    engine: EngineHandle
     if settings.engine_process:
         engine = EngineProcess(settings)
         await engine.start()  # the model loads there
@@ -109,7 +110,7 @@ def remote_drafter(settings: VerifierSettings, identity):
     return make
 
 
-async def _start(engine: EngineProcess | LocalEngine, settings: VerifierSettings) -> None:
+async def _start(engine: EngineHandle, settings: VerifierSettings) -> None:
     await engine.call("warm_up")
     engine.reaper = asyncio.create_task(reap_forever("verifier", lambda: engine.call("reap"), settings.lease_s))
 

@@ -13,7 +13,7 @@ from engine.spec import RoundItem
 from protos.tandem.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from rpc import convert, tensors
 from rpc.status import code_for, message_for
-from verifier_svc.core import EngineProcess, LocalEngine
+from verifier_svc.core import EngineHandle
 from verifier_svc.service import PrefillItem, Result
 from verifier_svc.serving import Admit, Outcome
 
@@ -63,7 +63,7 @@ def _convert(fn: Callable, *args):
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, engine: EngineProcess | LocalEngine, vocab_size: int) -> None:
+    def __init__(self, engine: EngineHandle, vocab_size: int) -> None:
         self.engine = engine  # VerifierEngine's methods by name, between rounds; the RoundLoop's sessions
         self.vocab = vocab_size
 
