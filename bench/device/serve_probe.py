@@ -51,32 +51,41 @@ def run_step(dec, prompts, c, max_tokens):
     return tokens, rounds
 
 
-def _drive(loop: RoundLoop, get, session, prompts, c, max_tokens):
-    todo = iter(range(len(prompts)))
-    left = len(prompts)
-    tokens = 0
-    admit = lambda js: [Admit(j, list(prompts[j]), [], _params(j, max_tokens)) for j in js]  # noqa: E731
-    loop.control(session, admit(itertools.islice(todo, c)))
-    while left:
-        item = get()
+class _Streams:
+    """``c`` streams over the prompts through a RoundLoop session: each finished request admits the next prompt."""
+
+    def __init__(self, rl: RoundLoop, session, prompts, c: int, max_tokens: int) -> None:
+        self.rl, self.session, self.prompts, self.max_tokens = rl, session, prompts, max_tokens
+        self.todo = iter(range(len(prompts)))
+        self.left, self.tokens = len(prompts), 0
+        self._admit(c)
+
+    def _admit(self, n: int) -> None:
+        admits = [Admit(j, list(self.prompts[j]), [], _params(j, self.max_tokens))
+                  for j in itertools.islice(self.todo, n)]
+        if admits:
+            self.rl.control(self.session, admits)
+
+    def take(self, item) -> bool:
+        """One outcome in; whether requests are left."""
         if not isinstance(item, Outcome):
             raise RuntimeError(f"refused: {item}")
-        tokens += int(item.counts.sum())
+        self.tokens += int(item.counts.sum())
         done = sum(f is not None for f in item.finish)
-        left -= done
-        nxt = admit(itertools.islice(todo, done))
-        if nxt:
-            loop.control(session, nxt)
-    return tokens
+        self.left -= done
+        self._admit(done)
+        return self.left > 0
 
 
 def run_loop(rl: RoundLoop, prompts, c, max_tokens):
     q: queue.Queue = queue.Queue()
     session = rl.open(q.put)
     r0 = rl.rounds
-    tokens = _drive(rl, q.get, session, prompts, c, max_tokens)
+    streams = _Streams(rl, session, prompts, c, max_tokens)
+    while streams.take(q.get()):
+        pass
     rl.control(session, close=True)
-    return tokens, rl.rounds - r0
+    return streams.tokens, rl.rounds - r0
 
 
 def run_aio(rl: RoundLoop, prompts, c, max_tokens):
@@ -84,20 +93,11 @@ def run_aio(rl: RoundLoop, prompts, c, max_tokens):
         q: asyncio.Queue = asyncio.Queue()
         aloop = asyncio.get_running_loop()
         session = rl.open(lambda item: aloop.call_soon_threadsafe(q.put_nowait, item))
-        todo = iter(range(len(prompts)))
-        left, tokens = len(prompts), 0
-        admit = lambda js: [Admit(j, list(prompts[j]), [], _params(j, max_tokens)) for j in js]  # noqa: E731
-        rl.control(session, admit(itertools.islice(todo, c)))
-        while left:
-            item = await q.get()
-            tokens += int(item.counts.sum())
-            done = sum(f is not None for f in item.finish)
-            left -= done
-            nxt = admit(itertools.islice(todo, done))
-            if nxt:
-                rl.control(session, nxt)
+        streams = _Streams(rl, session, prompts, c, max_tokens)
+        while streams.take(await q.get()):
+            pass
         rl.control(session, close=True)
-        return tokens
+        return streams.tokens
 
     r0 = rl.rounds
     tokens = asyncio.run(main())
