@@ -145,10 +145,16 @@ def core_main(settings, conn) -> None:
     from verifier_svc.main import describe, remote_drafter
     from verifier_svc.service import VerifierEngine
 
-    drafter = None
-    if settings.direct_drafter_address:
-        drafter = remote_drafter(settings, internal_identity(settings))
-    built = build_engine(settings.model, settings.draft, settings.engine_config(), drafter=drafter)
+    try:
+        drafter = None
+        if settings.direct_drafter_address:
+            drafter = remote_drafter(settings, internal_identity(settings))
+        built = build_engine(settings.model, settings.draft, settings.engine_config(), drafter=drafter)
+    except Exception as exc:  # the serving process raises it as its own (a bad field is its one-line error)
+        if not isinstance(exc, (ValueError, FileNotFoundError)):
+            log.exception("the engine failed to load")
+        send(conn, ("failed", exc))
+        os._exit(1)
     describe(built, settings)
     engine = VerifierEngine(built.decoder, settings.lease_s)
     ticks = _Ticks()
@@ -236,6 +242,9 @@ class EngineProcess:
         except EOFError:
             raise RuntimeError(f"the verifier's engine process ended while loading (exit code "
                                f"{self.proc.join(5) or self.proc.exitcode}); see its log above") from None
+        if kind == "failed":
+            self.proc.join(5)
+            raise info
         self.can_step, self.chunk_tokens, self.vocab_size = info["can_step"], info["chunk_tokens"], info["vocab_size"]
         self._snap, self._snap_at = info["snapshot"], time.monotonic()
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -148,6 +150,17 @@ def test_an_engine_on_a_thread_of_the_verifier_streams_exactly(reference):
         assert metrics(local, "verifier")["tandem_verifier_serve_rounds_total{kind=\"run\"}"] > 0
     finally:
         local.stop()
+
+
+@pytest.mark.parametrize("where", ["--engine-process", "--no-engine-process"])
+def test_a_model_the_engine_cannot_load_is_one_line_naming_the_field(where):
+    """Loaded in the engine process or not, a bad --model ends the verifier with exit code 2 and the field named."""
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "verifier", "--model", "/nonexistent.gguf", "--device",
+                           "cpu", "--insecure", "--verifier-port", "0", where], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "tandem verifier: error: model: /nonexistent.gguf is neither a GGUF file" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_verifier_killed_mid_stream_moves_its_requests(stack, reference):
