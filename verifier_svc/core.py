@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -26,6 +27,8 @@ import threading
 import time
 from typing import Any, Callable, Protocol, Sequence
 
+from engine.request import RequestOutput
+from verifier_svc.remote_drafter import RemoteDrafter
 from verifier_svc.serving import Admit, RoundLoop
 
 log = logging.getLogger("tandem.verifier")
@@ -64,8 +67,6 @@ def recv(conn) -> tuple:
 
 def _portable(value):
     """A result as the serving process can take it: features copied off the GPU."""
-    from engine.request import RequestOutput
-
     if isinstance(value, list):
         return [_portable(v) for v in value]
     if isinstance(value, RequestOutput) and value.features is not None and value.features.device.type != "cpu":
@@ -81,8 +82,6 @@ def snapshot(engine, loop: RoundLoop) -> dict[str, Any]:
            "prefill_chunks": engine.prefill_chunks}
     if dec.fast.policy is not None:
         out["spec_k"] = dec.fast.policy.last_k
-    from verifier_svc.remote_drafter import RemoteDrafter
-
     if isinstance(dec.drafter, RemoteDrafter):  # a drafter service this verifier calls (--direct-drafter-address)
         out["draft_calls"], out["draft_call_s"] = dec.drafter.stats(), dec.drafter.call_s
     return out
@@ -226,7 +225,8 @@ class EngineProcess:
         self._child = child
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future | list] = {}  # call id -> future (event loop) or [Event, value]
+        # call id -> its answer's future: the event loop's for calls, a thread's for the metrics' snapshots
+        self._waiting: dict[int, asyncio.Future | concurrent.futures.Future] = {}
         self._sessions: dict[int, Deliver] = {}
         self._snap: dict[str, Any] = {}
         self._snap_at = 0.0
@@ -240,8 +240,9 @@ class EngineProcess:
         try:
             kind, info = await asyncio.get_running_loop().run_in_executor(None, recv, self.conn)
         except EOFError:
+            self.proc.join(5)
             raise RuntimeError(f"the verifier's engine process ended while loading (exit code "
-                               f"{self.proc.join(5) or self.proc.exitcode}); see its log above") from None
+                               f"{self.proc.exitcode}); see its log above") from None
         if kind == "failed":
             self.proc.join(5)
             raise info
@@ -283,12 +284,13 @@ class EngineProcess:
             if (time.monotonic() - self._snap_at < 0.05 or threading.get_ident() == self._loop_thread
                     or self._gone is not None):
                 return self._snap  # fresh enough, or asked on the event loop, which is what would bring the answer
-            cid, done = next(self._ids), threading.Event()
-            self._waiting[cid] = slot = [done, None]
+            cid, answer = next(self._ids), concurrent.futures.Future()
+            self._waiting[cid] = answer
             self._send(("snapshot", cid))
-            if done.wait(SNAPSHOT_TIMEOUT_S) and slot[1] is not None:
-                self._snap, self._snap_at = slot[1], time.monotonic()
-            self._waiting.pop(cid, None)
+            try:
+                self._snap, self._snap_at = answer.result(SNAPSHOT_TIMEOUT_S), time.monotonic()
+            except (concurrent.futures.TimeoutError, RuntimeError):  # busy past the timeout, or gone: the last ones
+                self._waiting.pop(cid, None)
             return self._snap
 
     def _readable(self) -> None:
@@ -306,10 +308,7 @@ class EngineProcess:
             return
         _, cid, ok, value = msg
         waiter = self._waiting.pop(cid, None)
-        if isinstance(waiter, list):  # a snapshot for the metrics thread
-            waiter[1] = value
-            waiter[0].set()
-        elif waiter is not None and not waiter.done():
+        if waiter is not None and not waiter.done():
             waiter.set_result(value) if ok else waiter.set_exception(value)
 
     def _lost(self) -> None:
@@ -319,7 +318,7 @@ class EngineProcess:
                                           "see its log")
         log.error("%s: stopping this verifier", error)
         for waiter in self._waiting.values():
-            if not isinstance(waiter, list) and not waiter.done():
+            if not waiter.done():
                 waiter.set_exception(error)
         self._waiting.clear()
         for deliver in self._sessions.values():  # every Serve stream ends UNAVAILABLE: its gateway resumes elsewhere
