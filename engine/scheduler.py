@@ -246,9 +246,12 @@ class Scheduler:
             else:
                 eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
                                                  num_draft=row.k, item=_first(it, row.k)))
-        # the next round launched now unless rows join a graph next round (a prefill now) or both graphs run;
-        # requests waiting to be admitted do not stop it: their prefill runs beside the round launched ahead
-        ahead = not (eager or (fused and plan.fused_plain))
+        # the next round launched now unless both graphs run, or rows run eagerly beside a speculative graph (a
+        # prefill now enters it next round: a chain of speculative rounds takes no new row); a plain graph's chain
+        # takes them (FusedRounds.run: they join it). Requests waiting to be admitted do not stop it: their
+        # prefill runs beside the round launched ahead
+        on_graph = self.fast.fused if fused else self.fast.fused_plain
+        ahead = not ((eager and not (on_graph is not None and on_graph.ahead.joins)) or (fused and plan.fused_plain))
         settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
         self._count_rows(settled)
         return settled

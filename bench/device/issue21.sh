@@ -249,6 +249,22 @@ case "${PART:-A}" in
       --concurrency 64 --num-prompts 2048 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
       --out-dir "$OUT" > "$log" 2>&1
     wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
+  AC)  # py-spy of the served verifier's engine process (and its gRPC process) at c 64, two gateways
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    log="$OUT/$name-engine64.log"
+    (for _ in $(seq 900); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break; sleep 0.3; done
+     sleep 3; pid=$(pgrep -f "cli.main verifier" | head -1); eng=$(pgrep -P "$pid" -f spawn_main | head -1)
+     echo "verifier $pid engine $eng" > "$OUT/pids.txt"
+     py-spy record -r 250 -d 3 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-engine.txt" --pid "$eng" \
+       > /dev/null 2>&1
+     py-spy record -r 250 -d 3 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-grpc.txt" --pid "$pid" \
+       > /dev/null 2>&1
+     py-spy record -r 100 -d 3 --threads --idle --native -f raw -o "$OUT/pyspy-engine-native.txt" --pid "$eng" \
+       > "$OUT/native.log" 2>&1) &
+    timeout 300 python3 -m cli.main bench-serve --name "$name-engine64" --servers tandem-colocated --gateways 2 \
+      --concurrency 64 --num-prompts 3072 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
+      --out-dir "$OUT" > "$log" 2>&1
+    wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
   W)
     lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|MHz'
     vcpus=$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$2<2{print $1}' | paste -sd,)
@@ -262,7 +278,7 @@ case "${PART:-A}" in
          sleep 0.5; taskset -a -p -c "$vcpus" "$p" > /dev/null; echo "pinned verifier $p") &
       fi
       "${pre[@]}" timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated --gateways 2 \
-        --concurrency 64 --temperatures 0 --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
+        --concurrency 64 --temperatures ${TEMPS:-0} --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       wait; echo "$variant: $(grep -E '^\{' "$OUT/$tag.log" | cut -c1-120)"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
@@ -295,7 +311,7 @@ case "${PART:-A}" in
       echo "$2: $(grep -E '^\{' "$OUT/$2.log" | cut -c1-130 | tr '\n' ' ')"; }
     serve() {  # tree tag
       (cd "$1" && timeout 200 python3 -m cli.main bench-serve --name "$2" --servers tandem-colocated --gateways 2 \
-        --concurrency 64 --temperatures 0 --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
+        --concurrency 64 --temperatures ${TEMPS:-0} --num-prompts ${NUM:-1024} --max-tokens 128 --client-processes 4 \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$2.log" 2>&1)
       echo "$2: $(grep -E '^\{' "$OUT/$2.log" | cut -c1-100)"; }
     for t in base new new base; do

@@ -9,8 +9,9 @@ launch may write stays allocated: round r rolls each row back with ``keep_blocks
 The next round either *takes* it (``take``: the same rows, at the same lengths, verifying the same number of
 drafts; rows that finished since it was launched may be missing: their outputs are not read) and only reads
 it, or it is *dropped*: by ``take`` on any other difference, or by ``expect`` when the scheduler is about to
-run other rows (one that still runs goes elsewhere, one joins). Rows arriving beside it (prefills, run in an
-eager round) do not drop it. A dropped launch is never read: the KV blocks it held past each row's length go
+run other rows (one that still runs goes elsewhere, one enters a speculative graph). Rows arriving beside it
+(prefills, run in an eager round) do not drop it; on a plain graph they *join* the chain the round after
+(``FusedRounds.run``: the round launched then holds them too). A dropped launch is never read: the KV blocks it held past each row's length go
 back to their allocators (no other forward may see them), and its sampled rows' drafter draws are rewound
 (their next round draws what it drew). A finished row's blocks went back when it finished: the GPU runs the
 launch before anything enqueued later can reuse them.
@@ -48,8 +49,9 @@ class Launch:
 
 
 class LaunchedAhead:
-    def __init__(self, target: "BlockAllocator") -> None:
+    def __init__(self, target: "BlockAllocator", joins: bool = False) -> None:
         self.target = target
+        self.joins = joins  # rows may join the chain (plain graphs): rows arriving do not drop the launch
         self.launch: Launch | None = None
         self.dropped = 0  # launches whose rows did not come back as they were (wasted, never read)
 
@@ -70,17 +72,29 @@ class LaunchedAhead:
         launch, self.launch = self.launch, None
         if launch is None:
             return None
-        index = self._index(launch, rows)
-        if (index is None or [launch.lengths[i] for i in index] != list(lengths)
-                or tuple(launch.num_draft[i] for i in index) != num_draft):
+        index = self.match(launch, rows, lengths, num_draft)
+        if index is None:
             self._drop(launch)
             return None
         return launch, index
 
+    def match(self, launch: Launch, rows: tuple[str, ...], lengths: Sequence[int], num_draft: tuple[int, ...]
+              ) -> list[int] | None:
+        """Where each of ``rows`` is in ``launch``, if it runs them next as they are (``take``'s test); else None."""
+        index = self._index(launch, rows)
+        if (index is None or [launch.lengths[i] for i in index] != list(lengths)
+                or tuple(launch.num_draft[i] for i in index) != num_draft):
+            return None
+        return index
+
     def expect(self, rows: tuple[str, ...]) -> None:
         """Before a round's rows are chosen to run anywhere: unless the launch runs these requests next (and
-        only requests that finished besides), drop it."""
-        if self.launch is not None and self._index(self.launch, rows) is None:
+        only requests that finished besides; where rows may join, rows it does not hold join it), drop it."""
+        if self.launch is None:
+            return
+        if self.joins:
+            rows = tuple(rid for rid in rows if rid in self.launch.rows)
+        if self._index(self.launch, rows) is None:
             self._drop(self.launch)
             self.launch = None
 

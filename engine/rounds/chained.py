@@ -13,6 +13,9 @@ keep a chain of rounds what the host would have launched:
   chain; the live rows' buffers move up, in the host's order, into this graph or a smaller bucket's, and the
   rows after them become padding (KV length k + 1 in the scratch block, as a bucket's padding rows are). So a
   row finishing does not stop the chain either.
+- ``enter`` (outside, after ``compact``; plain graphs): rows whose prompt ran beside the round in flight join
+  the chain: their inputs and KV lengths, known on the host, go into the rows after the live ones. So a row
+  arriving does not stop the chain.
 """
 
 from __future__ import annotations
@@ -86,3 +89,15 @@ def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffer
         if pad is not None and n < d.shape[0]:
             d[n:] = pad
         d[:n] = live
+
+
+def enter(inputs: torch.Tensor,            # [R, k+2] long: the destination graph's, rows [at, at + n) written
+          kv_lens: torch.Tensor,           # [R] long, rows [at, at + n) written
+          rows: Sequence[Sequence[int]],   # [n][k+2] each joining row's t0, drafts and how many to verify
+          lengths: Sequence[int],          # [n] each joining row's L (its committed tokens but t0)
+          at: int) -> None:
+    """Joining rows' inputs, from the host, after the live rows' (in stream order after the round in flight)."""
+    n, k = len(rows), inputs.shape[1] - 2
+    inputs[at: at + n].copy_(torch.tensor(rows, dtype=torch.long).view(n, k + 2), non_blocking=True)
+    kv_lens[at: at + n].copy_(torch.tensor([length + k + 1 for length in lengths], dtype=torch.long),
+                              non_blocking=True)

@@ -96,10 +96,10 @@ class FastPath:
         """The request leaves the speculative graph (or finishes): its next drafts are stale."""
         self.next_drafts.pop(request_id, None)
 
-    def run(self, graph: FusedRounds, rows: Sequence[RoutedRow], ahead: bool = False) -> list[RowResult]:
+    def run(self, graph: FusedRounds, rows: Sequence[RoutedRow], ahead: bool = False) -> list[RowResult | None]:
         """One round of ``graph`` for these rows: a row entering verifies the drafts it carries (``item``), any
         other the next drafts its last round left. ``ahead``: the same rows are expected back next round
-        (``FusedRounds.run``)."""
+        (``FusedRounds.run``). None: a row that joins the chain of rounds launched ahead (it runs next round)."""
         fused_rows = []
         for row in rows:
             r = row.request
@@ -110,10 +110,12 @@ class FastPath:
                 drafts, q = (nxt.drafts, nxt.q) if nxt is not None else ([], None)
             fused_rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, row.num_draft, q, r.draws,
                                        r.room()))
-            if not r.params.greedy:
-                r.draws += 1
         results = graph.run(fused_rows, ahead)
-        if graph.k:
-            for row, res in zip(rows, results):
+        for row, res in zip(rows, results):
+            if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round
+                continue
+            if not row.request.params.greedy:
+                row.request.draws += 1
+            if graph.k:
                 self.next_drafts[row.request_id] = NextDrafts(res.next_drafts, res.next_q)
         return results

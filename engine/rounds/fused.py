@@ -38,7 +38,7 @@ from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
 from engine.models import ops
 from engine.rounds.ahead import Launch, LaunchedAhead
-from engine.rounds.chained import chain, compact, count_down, next_num_draft
+from engine.rounds.chained import chain, compact, count_down, enter, next_num_draft
 from engine.rounds.base import RowResult
 from engine.rounds.graph_sampling import Mode, RoundSampling
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
@@ -98,7 +98,7 @@ class FusedRounds:
         self._pad_inputs = torch.tensor([0] * (k + 1) + [k], dtype=torch.long, device=target.device)  # padding row
         self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self.ahead = LaunchedAhead(alloc)  # the next round, launched before the last one was read
+        self.ahead = LaunchedAhead(alloc, joins=k == 0)  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
@@ -109,6 +109,7 @@ class FusedRounds:
         self.rounds = 0  # rounds run (a counter for stats and tests)
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
         self.compacted = 0  # rounds launched ahead without the rows that had finished (engine/rounds/chained.py)
+        self.joined = 0  # rows that joined a chain of rounds launched ahead (their prompt ran beside it)
 
     @property
     def dropped(self) -> int:
@@ -125,13 +126,29 @@ class FusedRounds:
         these requests next, forget it and give back the KV blocks it held past each row's length."""
         self.ahead.expect(request_ids)
 
-    def run(self, rows: Sequence[FusedRow], ahead: bool = False) -> list[RowResult]:
+    def run(self, rows: Sequence[FusedRow], ahead: bool = False) -> list[RowResult | None]:
         """One round for these rows. ``ahead``: the caller means to run the same rows again next (nothing
         waits to join them), so where they qualify (``_chains``) the next round is launched before this one
         is read, with its inputs (last committed token, next drafts, KV lengths) chained on the device; the
-        host's work on this round's output then overlaps the GPU's next round."""
-        k, n = self.k, len(rows)
+        host's work on this round's output then overlaps the GPU's next round. On a plain graph, rows the round
+        launched ahead does not hold (their prompt ran beside it) *join* the chain (``_joining``): they run
+        from the round launched now, and get None this round."""
         lengths = [len(r.token_ids) - 1 for r in rows]  # L: everything but t0 is in the target's KV
+        joining = self._joining(rows, lengths, ahead)
+        if not joining:
+            return self._run(rows, lengths, ahead)
+        dst, entering = joining
+        kept = [i for i in range(len(rows)) if i not in entering]
+        results = self._run([rows[i] for i in kept], [lengths[i] for i in kept], ahead,
+                            ([rows[i] for i in entering], [lengths[i] for i in entering], dst))
+        out: list[RowResult | None] = [None] * len(rows)
+        for i, res in zip(kept, results):
+            out[i] = res
+        return out
+
+    def _run(self, rows: Sequence[FusedRow], lengths: list[int], ahead: bool,
+             joining: tuple[list[FusedRow], list[int], "_RoundGraph"] | None = None) -> list[RowResult]:
+        k, n = self.k, len(rows)
         taken = self.ahead.take(tuple(r.request_id for r in rows), lengths, tuple(r.num_draft for r in rows))
         index = None  # each row's place in the launch, where rows that finished since it was launched are gone
         if taken is None:
@@ -146,12 +163,12 @@ class FusedRounds:
             if launch.g.program is not None:
                 launch.g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
         g = launch.g
-        chained = ahead and self._chains(g, rows, lengths)
+        chained = ahead and (joining is not None or self._chains(g, rows, lengths))  # (joining: checked for all)
         q_out = g.q_out
         if chained:
             if q_out is not None:  # the next drafts' q, before the round launched next overwrites it
                 q_out = q_out[:n].clone() if index is None else q_out[index]
-            self.ahead.hold(self._launch_chained(g, rows, lengths, index))
+            self.ahead.hold(self._launch_chained(g, rows, lengths, index, joining))
         out = launch.read()
         if index is not None:
             out = [out[i] for i in index]
@@ -167,9 +184,36 @@ class FusedRounds:
             drafted = min(r.num_draft, _real(r.drafts)) if self.one_hot else r.num_draft
             results.append(RowResult(row[: a + 1], a, drafted, row[k + 2:] if k else None, q))
         if chained:  # the L each row will have once this round's tokens are committed, the drafts it verifies
-            self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)],
-                             tuple(next_num_draft(r.num_draft, r.room, row[k + 1]) for r, row in zip(rows, out)))
+            entering, entering_lengths, _ = joining or ([], [], None)
+            self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)] + entering_lengths,
+                             tuple(next_num_draft(r.num_draft, r.room, row[k + 1]) for r, row in zip(rows, out))
+                             + tuple(r.num_draft for r in entering))
         return results
+
+    def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
+                 ) -> tuple["_RoundGraph", list[int]] | None:
+        """Rows joining the chain this round: on a plain graph, the rows the round launched ahead does not hold,
+        where it runs every other row as it is and the next round, of all of them, can be launched now into a
+        graph already built (its rows bucket, a context bucket for the longest, their sampling mode); the
+        graph and their positions. None: every row runs this round (the launch, if any, is taken or dropped)."""
+        launch = self.ahead.launch
+        if not (ahead and self.ahead.joins and launch is not None and launch.lengths is not None):
+            return None
+        entering = [i for i, r in enumerate(rows) if r.request_id not in launch.rows]
+        kept = [i for i in range(len(rows)) if i not in entering]
+        if not entering or not kept or self.ahead.match(
+                launch, tuple(rows[i].request_id for i in kept), [lengths[i] for i in kept],
+                tuple(rows[i].num_draft for i in kept)) is None:
+            return None
+        need = max(lengths) + 3 * self.k + 2
+        ctx = next((c for c in self.context_buckets if c >= max(launch.g.key[1], need)), None)
+        if ctx is None:
+            return None
+        key = (self._bucket(len(rows)), ctx, Mode.of([r.params for r in rows]))
+        dst = self._graphs.get(key) or (None if self.capture else self._build(*key))
+        if dst is None or not self._chains(dst, rows, lengths):
+            return None
+        return dst, entering
 
     def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
                         modes: Sequence[Mode] = (Mode.GREEDY, Mode.SAMPLED)) -> int:
@@ -229,25 +273,37 @@ class FusedRounds:
                 and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
 
     def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
-                        index: list[int] | None) -> Launch:
+                        index: list[int] | None,
+                        joining: tuple[list[FusedRow], list[int], _RoundGraph] | None = None) -> Launch:
         """The round after the one in flight: KV grown for its worst case (every draft accepted now), the
         block tables copied; its tokens, drafts and KV lengths are what the round in flight left in the
         graph's inputs. Rows that finished since that round was launched (``index`` skips them) leave: the
-        live rows' buffers move up, into the smallest bucket that holds them where it chains too."""
+        live rows' buffers move up, into the smallest bucket that holds them where it chains too. Rows
+        ``joining`` (with their L, into that graph) follow them, their inputs from the host (``enter``)."""
         k, alloc = self.k, self.target.allocator
-        if index is not None:
-            g = self._compact(g, index)
-            self.compacted += 1
+        entering, entering_lengths, dst = joining or ([], [], None)
+        if index is not None or (dst is not None and dst is not g):
+            g = self._compact(g, list(range(len(rows))) if index is None else index, dst)
+            self.compacted += index is not None
         for r, length in zip(rows, lengths):
             alloc.extend(r.request_id, length + 2 * k + 2)
-        g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], None)
+        if entering:
+            pad = [PLACEHOLDER_TOKEN_ID] * k
+            enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
+                                             for r in entering], entering_lengths, len(rows))
+            for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
+                alloc.extend(r.request_id, length + k + 1)
+                alloc.truncate(r.request_id, length, keep_blocks=True)
+            self.joined += len(entering)
+        everyone = list(rows) + entering
+        g.attn.set_rows([alloc.block_table(r.request_id) for r in everyone], None)
         if g.sampling is not None:
-            g.sampling.load(rows, chained=True, params=index is not None)
+            g.sampling.load(everyone, chained=True, params=index is not None or bool(entering), entering=len(entering))
         if g.program is not None:
             g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)],
                            chained=True)
-        launch = self._replay(g, rows, None, None)
-        launch.sampled = tuple(r.request_id for r in rows if not r.params.greedy)
+        launch = self._replay(g, everyone, None, None)
+        launch.sampled = tuple(r.request_id for r in everyone if not r.params.greedy)
         return launch
 
     def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None,
@@ -268,13 +324,14 @@ class FusedRounds:
         done.record()
         return Launch(g, ids, lengths, num_draft, out, done)
 
-    def _compact(self, src: _RoundGraph, index: list[int]) -> _RoundGraph:
-        """The chained buffers of the rows at ``index`` of ``src``, moved to the front of the smallest bucket
-        (same context, same mode) that holds them and chains, else of ``src`` itself; returns that graph."""
+    def _compact(self, src: _RoundGraph, index: list[int], dst: _RoundGraph | None = None) -> _RoundGraph:
+        """The chained buffers of the rows at ``index`` of ``src``, moved to the front of ``dst``, by default the
+        smallest bucket (same context, same mode) that holds them and chains, else ``src`` itself; returns it."""
         rows_b, ctx, mode = src.key
-        dst = self._graphs.get((self._bucket(len(index)), ctx, mode))
-        if dst is None or not dst.chains:
-            dst = src
+        if dst is None:
+            dst = self._graphs.get((self._bucket(len(index)), ctx, mode))
+            if dst is None or not dst.chains:
+                dst = src
         k, s_in, d_in = self.k, src.sampling, dst.sampling
         q = (s_in.q_in, d_in.q_in) if s_in is not None and s_in.q_in is not None else (None, None)
         compact((src.inputs, src.attn.kv_lens, src.room, q[0]), (dst.inputs, dst.attn.kv_lens, dst.room, q[1]),

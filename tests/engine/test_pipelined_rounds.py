@@ -119,3 +119,42 @@ def test_blocks_a_round_launched_ahead_holds_stay_until_it_is_read_or_dropped(sm
         dec.step()
     assert target.length(rid) > length
     assert dec.abort(rid) and rid not in target
+
+
+@pytest.mark.parametrize("draft,k,spec_max_batch", [("none", 0, None), ("auto", 4, 1)])
+def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, draft, k, spec_max_batch):
+    """On a plain graph (no drafter, or requests the batch policy demoted) a request arriving does not break the
+    chain: its prompt runs beside the round launched ahead, the round after holds it too (it joins), and every
+    request decodes what the eager engine decodes, greedy and seeded sampled, arrivals and an abort among them."""
+    greedy = SamplingParams(max_tokens=20, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=22, ignore_eos=True, temperature=0.8, seed=3)
+    filtered = SamplingParams(max_tokens=18, ignore_eos=True, temperature=1.1, seed=9, top_k=40, top_p=0.9)
+    order = [(0, greedy), (1, sampled), (2, greedy), (0, filtered), (1, greedy)]
+    want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate([prompts[i] for i, _ in order],
+                                                                       [p for _, p in order])
+    dec = _pipelined(smollm, draft, k, spec_max_batch=spec_max_batch)
+    graph = dec.fused if dec.fused_plain is None else dec.fused_plain
+    free = [a.free_blocks for a in _allocators(dec)]
+    ids, tokens, doomed = [], {}, None
+    for step in range(80):
+        if step in (0, 3, 4, 9, 10):  # arrivals one at a time, two in a row, while rounds run launched ahead
+            i, params = order[len(ids)]
+            ids.append(dec.add_request(prompts[i], params))
+            tokens[ids[-1]] = []
+        if step == 6:  # one more arrives and is aborted three rounds later, while it is in the chain
+            doomed = dec.add_request(prompts[2], greedy)
+        if step == 9:
+            assert doomed in graph.ahead.launch.rows
+            assert dec.abort(doomed)
+        for o in dec.step():
+            if o.request_id != doomed:
+                tokens[o.request_id] += o.new_token_ids
+        if not dec.has_unfinished():
+            break
+    assert [tokens[i] for i in ids] == [o.new_token_ids for o in want]
+    # every arrival but the first joined the chain; no round was launched and then thrown away
+    assert graph.joined >= 4 and graph.dropped == 0, (graph.joined, graph.dropped)
+    assert graph.rounds_ahead >= graph.rounds - 2, (graph.rounds, graph.rounds_ahead)
+    graph.expect(())
+    assert [a.free_blocks for a in _allocators(dec)] == free
+    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
