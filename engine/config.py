@@ -139,6 +139,9 @@ class EngineConfig:
     # inputs chained on the device (engine/rounds/ahead.py: the host's work overlaps the GPU's); 0: never; None: 64
     # where rounds are captured (cuda), 0 where they run eagerly
     pipeline_max_batch: int | None = None
+    # a plain graph's round decodes this many tokens a row, one forward each (the host's work of a round, per row,
+    # then comes once per this many tokens); None: 4 where rounds are captured (cuda), 1 where they run eagerly
+    plain_steps: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -159,6 +162,8 @@ class EngineConfig:
                  f"must be max-batch or cost, got {self.spec_policy!r}")
         _require(self.pipeline_max_batch is None or self.pipeline_max_batch >= 0, "pipeline_max_batch",
                  f"must be >= 0 or None, got {self.pipeline_max_batch}")
+        _require(self.plain_steps is None or self.plain_steps >= 1, "plain_steps",
+                 f"must be >= 1 or None, got {self.plain_steps}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
 
@@ -184,6 +189,13 @@ class EngineConfig:
         if self.pipeline_max_batch is not None:
             return self.pipeline_max_batch
         return 64 if self.use_fused_rounds and self.device.startswith("cuda") else 0
+
+    @property
+    def plain_round_steps(self) -> int:
+        """Tokens a plain graph's round decodes a row (``plain_steps``)."""
+        if self.plain_steps is not None:
+            return self.plain_steps
+        return 4 if self.use_fused_rounds and self.device.startswith("cuda") else 1
 
     @property
     def attention_backend(self) -> str:

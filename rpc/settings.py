@@ -119,6 +119,10 @@ class EngineSettings(DraftLengthSettings):
     pipeline_max_batch: OptionalInt = Field(None, ge=0, description="fused rounds of at most N requests launch the "
                                             "next round before this one is read (0: never; none: 64 where rounds are "
                                             "captured CUDA graphs)")
+    plain_steps: OptionalInt = Field(None, ge=1, description="tokens a request decodes in one round of the plain "
+                                     "(non-speculative) graph, one forward each: the host's work per round then "
+                                     "comes once per N tokens, and tokens stream N at a time (none: 4 where rounds "
+                                     "are captured CUDA graphs, else 1)")
 
     # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m
     WIRE_TOP_M: ClassVar[int] = 32
@@ -135,7 +139,7 @@ class EngineSettings(DraftLengthSettings):
                             cuda_graphs=False if self.enforce_eager else None,
                             fused_rounds=None if self.fused_rounds else False, spec_max_batch=self.spec_max_batch,
                             spec_policy=self.spec_policy,
-                            pipeline_max_batch=self.pipeline_max_batch)
+                            pipeline_max_batch=self.pipeline_max_batch, plain_steps=self.plain_steps)
 
 
 class ServiceEngineSettings(ServerSettings, EngineSettings):

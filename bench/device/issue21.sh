@@ -265,6 +265,17 @@ case "${PART:-A}" in
       --concurrency 64 --num-prompts 3072 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
       --out-dir "$OUT" > "$log" 2>&1
     wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
+  AD)  # a plain round's steps (TANDEM_PLAIN_STEPS), served against in process at c 8 and 64, alternated
+    for st in ${STEPS:-1 2 4 2 1}; do
+      TANDEM_PLAIN_STEPS=$st timeout 300 python3 -m cli.main bench-serve --name "$name-steps$st-$SECONDS" \
+        --servers tandem-colocated --gateways 2 --concurrency 8,64 --temperatures ${TEMPS:-0} \
+        --num-prompts ${NUM:-512} --max-tokens 128 --client-processes 4 --in-process --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/steps$st.log" 2>&1
+      echo "steps $st:"; grep -E '^\{' "$OUT/steps$st.log" | cut -c1-260
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AE)  # the whole of tests/gpu
+    timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1
+    tail -15 "$OUT/$name-gpu-tests.log" ;;
   W)
     lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|MHz'
     vcpus=$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$2<2{print $1}' | paste -sd,)

@@ -49,7 +49,8 @@ class FastPath:
 
         def graph(k: int, d: "Drafter | None") -> FusedRounds:
             return FusedRounds(target, d, k, config.max_batch_size, max_context,
-                               capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows)
+                               capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows,
+                               steps=1 if k else config.plain_round_steps)
 
         if drafter is None or config.k == 0 or drafter.graph_rounds:
             self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
@@ -71,7 +72,8 @@ class FastPath:
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
             n += self.fused.capture_buckets(max_batch, **kw) + self.fused_plain.capture_buckets(max_batch, **kw)
-            self.policy.timed(self.fused.replay_ms(), self.fused_plain.replay_ms())
+            steps = self.fused_plain.steps  # the rule compares a speculative round with a plain token
+            self.policy.timed(self.fused.replay_ms(), {b: ms / steps for b, ms in self.fused_plain.replay_ms().items()})
             return n
         if self.fused is not None:
             n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch),
@@ -115,7 +117,7 @@ class FastPath:
             if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round
                 continue
             if not row.request.params.greedy:
-                row.request.draws += 1
+                row.request.draws += graph.steps
             if graph.k:
                 self.next_drafts[row.request_id] = NextDrafts(res.next_drafts, res.next_q)
         return results

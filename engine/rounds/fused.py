@@ -15,7 +15,9 @@ for a request whose own k is smaller, or near its max_tokens), and in one graph
 Outputs land in one ``[R, 2k + 2]`` buffer (committed tokens, accepted count, next drafts) that the
 host reads once per round; the next drafts' q (sampled rows) stays on the device until the next
 round verifies them, and everything else the next round needs stays in the two KV caches.
-With k = 0 and no drafter it is plain decoding (greedy or sampled) through one graph per step.
+With k = 0 and no drafter it is plain decoding (greedy or sampled): ``steps`` forwards a round, each on the token
+the one before picked (so a round commits ``steps`` tokens a row, ``[R, steps + 1]``: tokens, steps - 1), and the
+host's work of a round comes once per ``steps`` tokens.
 Sampling (modes, coins drawn outside the graph): engine/rounds/graph_sampling.py.
 
 Host work per round: grow each row's KV allocation for the round, copy the tokens, block tables
@@ -70,17 +72,21 @@ class _RoundGraph:
     chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
     key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
     room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (chaining graphs, k > 0)
-    out: torch.Tensor | None = None    # [R, 2k+2] long: committed (k+1), num_accepted (1), next drafts (k)
+    out: torch.Tensor | None = None    # [R, span+1+k] long: committed (span), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
 
 
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
-                 max_context: int, capture: bool, pipeline_rows: int = 0) -> None:
+                 max_context: int, capture: bool, pipeline_rows: int = 0, steps: int = 1) -> None:
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
+        if steps < 1 or (k and steps > 1):
+            raise ValueError(f"fused rounds: steps must be 1, or more on a plain graph (k 0); got {steps} with k {k}")
         self.target, self.drafter, self.k = target, drafter, k
+        self.steps = steps
+        self.span = k + steps  # tokens a round writes to a row's KV at most: k + 1 speculating, steps plain
         self.capture = capture
         self.pipeline_rows = pipeline_rows
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
@@ -102,7 +108,7 @@ class FusedRounds:
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
-        self._host_out = [torch.empty(pipeline_rows, 2 * k + 2, dtype=torch.long, pin_memory=True)
+        self._host_out = [torch.empty(pipeline_rows, self.span + 1 + k, dtype=torch.long, pin_memory=True)
                           for _ in range(2)] if pipelined else []
         self._done = [torch.cuda.Event() for _ in range(2)] if pipelined else []
         self._launches = 0
@@ -119,7 +125,7 @@ class FusedRounds:
     # ------------------------------------------------------------------ host side
     def fits(self, committed: int) -> bool:
         """Whether a row with this many committed tokens can take a round (its KV and drafts fit)."""
-        return committed + 2 * self.k + 1 <= self.max_context
+        return committed + 2 * self.span - 1 <= self.max_context
 
     def expect(self, request_ids: tuple[str, ...]) -> None:
         """Before the rows of a round are chosen to run anywhere: unless the round launched ahead runs exactly
@@ -159,7 +165,7 @@ class FusedRounds:
                 index = None
             self.rounds_ahead += 1
             for r, length in zip(rows, lengths):
-                self.target.allocator.extend(r.request_id, length + k + 1)
+                self.target.allocator.extend(r.request_id, length + self.span)
             if launch.g.program is not None:
                 launch.g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
         g = launch.g
@@ -175,18 +181,19 @@ class FusedRounds:
         self.rounds += 1
         alloc = self.target.allocator
         results = []
+        span = self.span  # the column of a row's accepted count (plain: its tokens - 1)
         for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
-            a = row[k + 1]
+            a = row[span]
             alloc.truncate(r.request_id, length + a + 1, keep_blocks=chained)
             if g.program is not None:
                 g.program.commit(r.request_id, length + a + 2, keep_blocks=chained)  # tokens committed
             q = q_out[i] if q_out is not None and not r.params.greedy else None
             drafted = min(r.num_draft, _real(r.drafts)) if self.one_hot else r.num_draft
-            results.append(RowResult(row[: a + 1], a, drafted, row[k + 2:] if k else None, q))
+            results.append(RowResult(row[: a + 1], a if k else 0, drafted, row[span + 1:] if k else None, q))
         if chained:  # the L each row will have once this round's tokens are committed, the drafts it verifies
             entering, entering_lengths, _ = joining or ([], [], None)
-            self.ahead.known([length + row[k + 1] + 1 for length, row in zip(lengths, out)] + entering_lengths,
-                             tuple(next_num_draft(r.num_draft, r.room, row[k + 1]) for r, row in zip(rows, out))
+            self.ahead.known([length + row[span] + 1 for length, row in zip(lengths, out)] + entering_lengths,
+                             tuple(next_num_draft(r.num_draft, r.room, row[span]) for r, row in zip(rows, out))
                              + tuple(r.num_draft for r in entering))
         return results
 
@@ -205,7 +212,7 @@ class FusedRounds:
                 launch, tuple(rows[i].request_id for i in kept), [lengths[i] for i in kept],
                 tuple(rows[i].num_draft for i in kept)) is None:
             return None
-        need = max(lengths) + 3 * self.k + 2
+        need = max(lengths) + 3 * self.span - 1
         ctx = next((c for c in self.context_buckets if c >= max(launch.g.key[1], need)), None)
         if ctx is None:
             return None
@@ -233,7 +240,7 @@ class FusedRounds:
 
     def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _RoundGraph:
         rows_b = self._bucket(len(rows))
-        ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * self.k + 1)
+        ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * self.span - 1)
         mode = Mode.of([r.params for r in rows])
         return self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)
 
@@ -244,7 +251,7 @@ class FusedRounds:
         rows_b = g.inputs.shape[0]
         alloc = self.target.allocator
         for r, length in zip(rows, lengths):
-            alloc.extend(r.request_id, length + k + 1)
+            alloc.extend(r.request_id, length + self.span)
         g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], [length + k + 1 for length in lengths])
         if g.sampling is not None:
             g.sampling.load(rows)
@@ -267,10 +274,9 @@ class FusedRounds:
         some row sure to outlive this round (else the launch would likely be thrown away: one request's last
         round), and the next round's longest row, however many drafts this one accepts, still inside this
         graph's context bucket."""
-        k = self.k
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + 1 for r in rows)
-                and max(lengths) + 3 * k + 2 <= min(g.attn.max_tokens, self.max_context))
+                and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + self.steps for r in rows)
+                and max(lengths) + 3 * self.span - 1 <= min(g.attn.max_tokens, self.max_context))
 
     def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
                         index: list[int] | None,
@@ -286,13 +292,13 @@ class FusedRounds:
             g = self._compact(g, list(range(len(rows))) if index is None else index, dst)
             self.compacted += index is not None
         for r, length in zip(rows, lengths):
-            alloc.extend(r.request_id, length + 2 * k + 2)
+            alloc.extend(r.request_id, length + 2 * self.span)
         if entering:
             pad = [PLACEHOLDER_TOKEN_ID] * k
             enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
                                              for r in entering], entering_lengths, len(rows))
             for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
-                alloc.extend(r.request_id, length + k + 1)
+                alloc.extend(r.request_id, length + self.span)
                 alloc.truncate(r.request_id, length, keep_blocks=True)
             self.joined += len(entering)
         everyone = list(rows) + entering
@@ -340,6 +346,34 @@ class FusedRounds:
 
     # ------------------------------------------------------------------ the graph
     def _compute(self, g: _RoundGraph) -> None:
+        k, s = self.k, g.sampling
+        picked = []  # a plain graph's tokens of the steps before the last
+        for step in range(self.steps):
+            committed, accepted, aux = self._verify(g, step)
+            if step + 1 < self.steps:  # the next step's input: this step's token, one position on
+                chain(g.inputs, g.attn.kv_lens, committed, accepted, None)
+                picked.append(committed)
+        parts = [torch.cat(picked + [committed], dim=1), accepted[:, None] + (self.steps - 1)]
+        q = None
+        if g.program is not None:
+            next_drafts, q = g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
+            parts.append(next_drafts)
+        out = torch.cat(parts, dim=1)
+        if g.out is None:
+            g.out, g.q_out = out, q
+        else:
+            g.out.copy_(out)
+            if q is not None:
+                g.q_out.copy_(q)
+        if g.chains:
+            chain(g.inputs, g.attn.kv_lens, committed, accepted, parts[2] if g.program is not None else None,
+                  q, g.sampling.q_in if q is not None else None)
+            if g.room is not None:
+                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
+
+    def _verify(self, g: _RoundGraph, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """The target's forward over every row's t0 and drafts, and acceptance: committed [R, k+1], accepted [R]
+        and the aux features; ``step``: a plain graph's step (its coins)."""
         k, model, s = self.k, self.target.model, g.sampling
         rows = g.inputs.shape[0]
         tokens, drafts, num_draft = g.inputs[:, : k + 1], g.inputs[:, 1: k + 1], g.inputs[:, k + 1]
@@ -357,26 +391,10 @@ class FusedRounds:
             probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
             if self.one_hot:  # only the leading real drafts (greedy matching never accepts a placeholder)
                 num_draft = torch.minimum(num_draft, (drafts >= 0).long().cumprod(dim=1).sum(dim=1))
-            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise)
+            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[step])
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)
-        parts = [committed, accepted[:, None]]
-        q = None
-        if g.program is not None:
-            next_drafts, q = g.program.draft(committed, accepted, aux, kv, s)
-            parts.append(next_drafts)
-        out = torch.cat(parts, dim=1)
-        if g.out is None:
-            g.out, g.q_out = out, q
-        else:
-            g.out.copy_(out)
-            if q is not None:
-                g.q_out.copy_(q)
-        if g.chains:
-            chain(g.inputs, g.attn.kv_lens, committed, accepted, parts[2] if g.program is not None else None,
-                  q, g.sampling.q_in if q is not None else None)
-            if g.room is not None:
-                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
+        return committed, accepted, aux
 
     def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:
         t = self.target
@@ -385,7 +403,7 @@ class FusedRounds:
         sampling = None
         if mode != Mode.GREEDY:
             sampling = RoundSampling.allocate(rows, self.k, t.vocab_size, mode == Mode.FILTERED,
-                                              t.device, with_q=not self.one_hot)
+                                              t.device, with_q=not self.one_hot, steps=self.steps)
         program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
         inputs[:, self.k + 1] = self.k

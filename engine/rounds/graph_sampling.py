@@ -49,7 +49,7 @@ class RoundSampling:
     params: torch.Tensor       # [R, 4] float32
     draws: torch.Tensor        # [2, R] int64: each row's seed and draw number
     uniforms: torch.Tensor     # [R, k] float32: the round's acceptance coins
-    noise: torch.Tensor        # [R, V] float32 Exponential(1): the recovered / bonus draw
+    noise: torch.Tensor        # [S, R, V] float32 Exponential(1): the recovered / bonus draw of each step
     q_in: torch.Tensor | None  # [R, k, V] float32: q of the drafts being verified (k > 0)
     zero_q: torch.Tensor | None  # [k, V] zeros: the q of a greedy row (any finite q; its result is unused)
     greedy: torch.Tensor | None = None       # [R] bool
@@ -59,12 +59,13 @@ class RoundSampling:
 
     @classmethod
     def allocate(cls, rows: int, k: int, vocab: int, filtered: bool,
-                 device: torch.device, with_q: bool = True) -> "RoundSampling":
-        """``with_q`` False: the drafts are one-hot (a deterministic drafter), no q crosses."""
+                 device: torch.device, with_q: bool = True, steps: int = 1) -> "RoundSampling":
+        """``with_q`` False: the drafts are one-hot (a deterministic drafter), no q crosses. ``steps``: tokens a
+        row decodes in a round (a plain graph's steps), each with the draw number after the one before."""
         params = pack_rows([], rows).to(device)
         q = bool(k) and with_q
         return cls(filtered, params, torch.zeros(2, rows, dtype=torch.long, device=device),
-                   torch.zeros(rows, k, device=device), torch.ones(rows, vocab, device=device),
+                   torch.zeros(rows, k, device=device), torch.ones(steps, rows, vocab, device=device),
                    torch.zeros(rows, k, vocab, device=device) if q else None,
                    torch.zeros(k, vocab, device=device) if q else None)
 
@@ -77,19 +78,21 @@ class RoundSampling:
              ) -> None:
         """Parameters, coins (every row's at its seed and draw, as the eager round draws them; a greedy or
         padding row's are drawn and unused) and the pending drafts' q; rows past the batch become greedy
-        padding. ``chained``: the round after the one in flight (its draw numbers one further; the parameters
-        stay unless ``params`` (its rows were compacted or rows join), and the q of its drafts is what the
-        round in flight leaves in ``q_in``); its last ``entering`` rows join the chain (not in the round in
-        flight: their draw numbers are their own)."""
+        padding. ``chained``: the round after the one in flight (its draw numbers a round's steps further; the
+        parameters stay unless ``params`` (its rows were compacted or rows join), and the q of its drafts is what
+        the round in flight leaves in ``q_in``); its last ``entering`` rows join the chain (not in the round in
+        flight: their draw numbers are their own). A plain graph's step s draws at the draw number + s."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
         if not chained or params:
             self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
-        ahead = [int(chained and i < n - entering) for i in range(n)]
+        steps = self.noise.shape[0]
+        ahead = [steps * (chained and i < n - entering) for i in range(n)]
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
                                        [r.draw + a for r, a in zip(rows, ahead)] + [0] * pad]), non_blocking=True)
         if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread
             seeds, counters = self.draws[:, :n]
             coins.fill(self.uniforms[:n], seeds, counters, coins.Stream.ACCEPT)
-            coins.fill(self.noise[:n], seeds, counters, coins.Stream.RECOVER, exponential=True)
+            for step in range(steps):
+                coins.fill(self.noise[step, :n], seeds, counters + step, coins.Stream.RECOVER, exponential=True)
         if self.q_in is not None and not chained:  # one gather straight into the buffer
             torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])

@@ -162,3 +162,32 @@ def test_the_catch_up_carries_only_the_live_rows_past_the_attention(smollm, prom
         hook.remove()
     verify = 0 if draft == "auto" else 1
     assert per_round and all(r == (k, verify, k + verify) for r in per_round), per_round
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_plain_rounds_of_several_steps_decode_what_the_eager_engine_decodes(smollm, prompts, plain, steps):
+    """A plain graph's round of ``steps`` forwards (``plain_steps``) commits that many tokens a row: greedy (EOS
+    honoured, rows ending inside a round), seeded sampled and filtered rows beside greedy ones (step s draws at
+    the request's draw number + s, as one-token rounds would), a row at the end of its context; with and without
+    rounds launched ahead."""
+    sampled = [SamplingParams(max_tokens=21, ignore_eos=True, temperature=0.8, seed=11),
+               SamplingParams(max_tokens=26, ignore_eos=True),
+               SamplingParams(max_tokens=19, ignore_eos=True, temperature=1.1, seed=5, top_k=40, top_p=0.9),
+               SamplingParams(max_tokens=23, ignore_eos=True, temperature=0.7, seed=3)]
+    want_sampled = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, sampled)
+    for pipeline in (0, 8):
+        dec = _fused(smollm, "none", 0, plain_steps=steps, pipeline_max_batch=pipeline)
+        assert dec.fused.steps == steps
+        got = dec.generate(prompts, PARAMS)
+        assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+        for o, p in zip(got, PARAMS):  # the prefill's token, then steps a round
+            if p.ignore_eos:
+                assert o.rounds == 1 + -(-(p.max_tokens - 1) // steps) and o.accepted == o.drafted == 0
+        got = dec.generate(prompts, sampled)
+        assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want_sampled]
+        assert (dec.fused.rounds_ahead > 0) == (pipeline > 0)
+    prompt, ctx = prompts[3], len(prompts[3]) + 30  # the context's last tokens: rows leave the graph in time
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    want = make_decoder(smollm, "none", k=0, cuda_graphs=False, max_context=ctx).generate([prompt], params)
+    got = _fused(smollm, "none", 0, plain_steps=steps, max_context=ctx).generate([prompt], params)
+    assert got[0].new_token_ids == want[0].new_token_ids and len(got[0].new_token_ids) == 30
