@@ -139,9 +139,12 @@ class EngineConfig:
     # inputs chained on the device (engine/rounds/ahead.py: the host's work overlaps the GPU's); 0: never; None: 64
     # where rounds are captured (cuda), 0 where they run eagerly
     pipeline_max_batch: int | None = None
-    # a plain graph's round decodes this many tokens a row, one forward each (the host's work of a round, per row,
-    # then comes once per this many tokens); None: 4 where rounds are captured (cuda), 1 where they run eagerly
+    # a plain graph's round of plain_steps_min_batch rows or more decodes this many tokens a row, one forward each
+    # (the host's work of a round, per row, then comes once per this many tokens; a smaller round's GPU work is
+    # what it waits for, and a request arriving would wait for the longer round: one step); None: 4 where rounds
+    # are captured (cuda), 1 where they run eagerly
     plain_steps: int | None = None
+    plain_steps_min_batch: int = 16
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -164,6 +167,8 @@ class EngineConfig:
                  f"must be >= 0 or None, got {self.pipeline_max_batch}")
         _require(self.plain_steps is None or self.plain_steps >= 1, "plain_steps",
                  f"must be >= 1 or None, got {self.plain_steps}")
+        _require(self.plain_steps_min_batch >= 1, "plain_steps_min_batch",
+                 f"must be >= 1, got {self.plain_steps_min_batch}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
 

@@ -180,8 +180,9 @@ class SpecDecoder:
     def _observe(self, plan: RoundPlan, outputs: Sequence[RequestOutput], seconds: float) -> None:
         """A round on one graph: its cost (and, speculative, its acceptance) for the batch policy."""
         policy, speculative = self.fast.policy, bool(plan.fused)
-        steps = 1 if speculative else self.fused_plain.steps  # a plain round's cost per token
-        policy.observe(speculative, len(plan.fused or plan.fused_plain), seconds * 1e3 / steps)
+        rows = len(plan.fused or plan.fused_plain)
+        steps = 1 if speculative else self.fused_plain.steps_for(rows)  # a plain round's cost per token
+        policy.observe(speculative, rows, seconds * 1e3 / steps)
         if speculative and outputs:
             policy.accepted(sum(o.round_accepted + 1 for o in outputs) / len(outputs))
 

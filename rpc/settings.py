@@ -120,9 +120,13 @@ class EngineSettings(DraftLengthSettings):
                                             "next round before this one is read (0: never; none: 64 where rounds are "
                                             "captured CUDA graphs)")
     plain_steps: OptionalInt = Field(None, ge=1, description="tokens a request decodes in one round of the plain "
-                                     "(non-speculative) graph, one forward each: the host's work per round then "
-                                     "comes once per N tokens, and tokens stream N at a time (none: 4 where rounds "
-                                     "are captured CUDA graphs, else 1)")
+                                     "(non-speculative) graph of --plain-steps-min-batch requests or more, one "
+                                     "forward each: the host's work per round then comes once per N tokens, and "
+                                     "tokens stream N at a time (none: 4 where rounds are captured CUDA graphs, "
+                                     "else 1)")
+    plain_steps_min_batch: int = Field(16, ge=1, description="plain rounds of at least N requests take "
+                                       "--plain-steps forwards; smaller ones one (their GPU work is what they wait "
+                                       "for, and an arriving request would wait for the longer round)")
 
     # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m
     WIRE_TOP_M: ClassVar[int] = 32
@@ -139,7 +143,8 @@ class EngineSettings(DraftLengthSettings):
                             cuda_graphs=False if self.enforce_eager else None,
                             fused_rounds=None if self.fused_rounds else False, spec_max_batch=self.spec_max_batch,
                             spec_policy=self.spec_policy,
-                            pipeline_max_batch=self.pipeline_max_batch, plain_steps=self.plain_steps)
+                            pipeline_max_batch=self.pipeline_max_batch, plain_steps=self.plain_steps,
+                            plain_steps_min_batch=self.plain_steps_min_batch)
 
 
 class ServiceEngineSettings(ServerSettings, EngineSettings):

@@ -50,7 +50,7 @@ class FastPath:
         def graph(k: int, d: "Drafter | None") -> FusedRounds:
             return FusedRounds(target, d, k, config.max_batch_size, max_context,
                                capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows,
-                               steps=1 if k else config.plain_round_steps)
+                               steps=1 if k else config.plain_round_steps, steps_from=config.plain_steps_min_batch)
 
         if drafter is None or config.k == 0 or drafter.graph_rounds:
             self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
@@ -72,8 +72,8 @@ class FastPath:
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
             n += self.fused.capture_buckets(max_batch, **kw) + self.fused_plain.capture_buckets(max_batch, **kw)
-            steps = self.fused_plain.steps  # the rule compares a speculative round with a plain token
-            self.policy.timed(self.fused.replay_ms(), {b: ms / steps for b, ms in self.fused_plain.replay_ms().items()})
+            plain = self.fused_plain  # the rule compares a speculative round with a plain token
+            self.policy.timed(self.fused.replay_ms(), {b: ms / plain.steps_for(b) for b, ms in plain.replay_ms().items()})
             return n
         if self.fused is not None:
             n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch),
@@ -116,8 +116,8 @@ class FastPath:
         for row, res in zip(rows, results):
             if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round
                 continue
-            if not row.request.params.greedy:
-                row.request.draws += graph.steps
+            if not row.request.params.greedy:  # a draw a forward: a plain round's, one a token
+                row.request.draws += 1 if graph.k else len(res.committed)
             if graph.k:
                 self.next_drafts[row.request_id] = NextDrafts(res.next_drafts, res.next_q)
         return results

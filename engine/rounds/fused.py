@@ -71,22 +71,30 @@ class _RoundGraph:
     sampling: RoundSampling | None  # sampled modes only
     chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
     key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
+    steps: int                      # forwards a round (plain graphs of plain_steps_min_batch rows and more; else 1)
     room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (chaining graphs, k > 0)
     out: torch.Tensor | None = None    # [R, span+1+k] long: committed (span), num_accepted (1), next drafts (k)
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
 
+    @property
+    def span(self) -> int:
+        """Tokens a round writes to a row's KV at most (k + 1 speculating, its steps plain); the column of the
+        accepted count in ``out`` (plain: the row's tokens - 1)."""
+        return self.inputs.shape[1] - 2 + self.steps
+
 
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
-                 max_context: int, capture: bool, pipeline_rows: int = 0, steps: int = 1) -> None:
+                 max_context: int, capture: bool, pipeline_rows: int = 0, steps: int = 1, steps_from: int = 1
+                 ) -> None:
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         if steps < 1 or (k and steps > 1):
             raise ValueError(f"fused rounds: steps must be 1, or more on a plain graph (k 0); got {steps} with k {k}")
         self.target, self.drafter, self.k = target, drafter, k
-        self.steps = steps
-        self.span = k + steps  # tokens a round writes to a row's KV at most: k + 1 speculating, steps plain
+        self.steps, self.steps_from = steps, steps_from  # rounds of steps_from rows or more take steps forwards
+        self.span = k + steps  # tokens a round writes to a row's KV at most, in any graph
         self.capture = capture
         self.pipeline_rows = pipeline_rows
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
@@ -165,7 +173,7 @@ class FusedRounds:
                 index = None
             self.rounds_ahead += 1
             for r, length in zip(rows, lengths):
-                self.target.allocator.extend(r.request_id, length + self.span)
+                self.target.allocator.extend(r.request_id, length + launch.g.span)
             if launch.g.program is not None:
                 launch.g.program.grow([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
         g = launch.g
@@ -181,7 +189,7 @@ class FusedRounds:
         self.rounds += 1
         alloc = self.target.allocator
         results = []
-        span = self.span  # the column of a row's accepted count (plain: its tokens - 1)
+        span = g.span  # the column of a row's accepted count (plain: its tokens - 1)
         for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
             a = row[span]
             alloc.truncate(r.request_id, length + a + 1, keep_blocks=chained)
@@ -251,7 +259,7 @@ class FusedRounds:
         rows_b = g.inputs.shape[0]
         alloc = self.target.allocator
         for r, length in zip(rows, lengths):
-            alloc.extend(r.request_id, length + self.span)
+            alloc.extend(r.request_id, length + g.span)
         g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], [length + k + 1 for length in lengths])
         if g.sampling is not None:
             g.sampling.load(rows)
@@ -275,7 +283,7 @@ class FusedRounds:
         round), and the next round's longest row, however many drafts this one accepts, still inside this
         graph's context bucket."""
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + self.steps for r in rows)
+                and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + g.steps for r in rows)
                 and max(lengths) + 3 * self.span - 1 <= min(g.attn.max_tokens, self.max_context))
 
     def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
@@ -286,25 +294,26 @@ class FusedRounds:
         graph's inputs. Rows that finished since that round was launched (``index`` skips them) leave: the
         live rows' buffers move up, into the smallest bucket that holds them where it chains too. Rows
         ``joining`` (with their L, into that graph) follow them, their inputs from the host (``enter``)."""
-        k, alloc = self.k, self.target.allocator
+        k, alloc, src = self.k, self.target.allocator, g
         entering, entering_lengths, dst = joining or ([], [], None)
         if index is not None or (dst is not None and dst is not g):
             g = self._compact(g, list(range(len(rows))) if index is None else index, dst)
             self.compacted += index is not None
-        for r, length in zip(rows, lengths):
-            alloc.extend(r.request_id, length + 2 * self.span)
+        for r, length in zip(rows, lengths):  # the round in flight's tokens, then this one's
+            alloc.extend(r.request_id, length + src.span + g.span)
         if entering:
             pad = [PLACEHOLDER_TOKEN_ID] * k
             enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
                                              for r in entering], entering_lengths, len(rows))
             for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
-                alloc.extend(r.request_id, length + self.span)
+                alloc.extend(r.request_id, length + g.span)
                 alloc.truncate(r.request_id, length, keep_blocks=True)
             self.joined += len(entering)
         everyone = list(rows) + entering
         g.attn.set_rows([alloc.block_table(r.request_id) for r in everyone], None)
         if g.sampling is not None:
-            g.sampling.load(everyone, chained=True, params=index is not None or bool(entering), entering=len(entering))
+            g.sampling.load(everyone, chained=True, params=index is not None or bool(entering), entering=len(entering),
+                            advance=src.steps)
         if g.program is not None:
             g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)],
                            chained=True)
@@ -325,7 +334,7 @@ class FusedRounds:
             return Launch(g, ids, lengths, num_draft, g.out[:n], None)
         slot = self._launches % 2
         self._launches += 1
-        out, done = self._host_out[slot][:n], self._done[slot]
+        out, done = self._host_out[slot][:n, : g.out.shape[1]], self._done[slot]
         out.copy_(g.out[:n], non_blocking=True)
         done.record()
         return Launch(g, ids, lengths, num_draft, out, done)
@@ -348,12 +357,12 @@ class FusedRounds:
     def _compute(self, g: _RoundGraph) -> None:
         k, s = self.k, g.sampling
         picked = []  # a plain graph's tokens of the steps before the last
-        for step in range(self.steps):
+        for step in range(g.steps):
             committed, accepted, aux = self._verify(g, step)
-            if step + 1 < self.steps:  # the next step's input: this step's token, one position on
+            if step + 1 < g.steps:  # the next step's input: this step's token, one position on
                 chain(g.inputs, g.attn.kv_lens, committed, accepted, None)
                 picked.append(committed)
-        parts = [torch.cat(picked + [committed], dim=1), accepted[:, None] + (self.steps - 1)]
+        parts = [torch.cat(picked + [committed], dim=1), accepted[:, None] + (g.steps - 1)]
         q = None
         if g.program is not None:
             next_drafts, q = g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
@@ -401,21 +410,26 @@ class FusedRounds:
         blocks = -(-ctx // t.cache.block_size)
         attn = StaticAttention(t.cache, t.model.config.num_heads, rows, self.k + 1, blocks, self.scratch_block)
         sampling = None
+        steps = self.steps_for(rows)
         if mode != Mode.GREEDY:
             sampling = RoundSampling.allocate(rows, self.k, t.vocab_size, mode == Mode.FILTERED,
-                                              t.device, with_q=not self.one_hot, steps=self.steps)
+                                              t.device, with_q=not self.one_hot, steps=steps)
         program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
         inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
         inputs[:, self.k + 1] = self.k
         chains = rows <= self.pipeline_rows
         room = torch.zeros(rows, dtype=torch.long, device=t.device) if chains and self.k else None
-        g = _RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), room)
+        g = _RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
         with torch.inference_mode():
             self._compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
         if self.capture:
             g.graph = capture(lambda: self._compute(g), lambda: self._compute(g), self._pool, t.device)
         self._graphs[(rows, ctx, mode)] = g
         return g
+
+    def steps_for(self, rows: int) -> int:
+        """Forwards a round of this many rows takes (its rows bucket's graph)."""
+        return self.steps if self._bucket(rows) >= self.steps_from else 1
 
     def replay_ms(self, iters: int = 20) -> dict[int, float]:
         """GPU time of one replay of each captured rows bucket (the first context bucket; greedy, else sampled), by

@@ -74,11 +74,12 @@ class RoundSampling:
         p = RowParams.unpack(self.params)
         self.greedy, self.temperature, self.top_k, self.top_p = p.greedy, p.temperature, p.top_k, p.top_p
 
-    def load(self, rows: Sequence["FusedRow"], chained: bool = False, params: bool = False, entering: int = 0
-             ) -> None:
+    def load(self, rows: Sequence["FusedRow"], chained: bool = False, params: bool = False, entering: int = 0,
+             advance: int = 1) -> None:
         """Parameters, coins (every row's at its seed and draw, as the eager round draws them; a greedy or
         padding row's are drawn and unused) and the pending drafts' q; rows past the batch become greedy
-        padding. ``chained``: the round after the one in flight (its draw numbers a round's steps further; the
+        padding. ``chained``: the round after the one in flight (its draw numbers ``advance`` further: the
+        forwards of the round in flight; the
         parameters stay unless ``params`` (its rows were compacted or rows join), and the q of its drafts is what
         the round in flight leaves in ``q_in``); its last ``entering`` rows join the chain (not in the round in
         flight: their draw numbers are their own). A plain graph's step s draws at the draw number + s."""
@@ -86,7 +87,7 @@ class RoundSampling:
         if not chained or params:
             self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
         steps = self.noise.shape[0]
-        ahead = [steps * (chained and i < n - entering) for i in range(n)]
+        ahead = [advance * (chained and i < n - entering) for i in range(n)]
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
                                        [r.draw + a for r, a in zip(rows, ahead)] + [0] * pad]), non_blocking=True)
         if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread

@@ -176,8 +176,8 @@ def test_plain_rounds_of_several_steps_decode_what_the_eager_engine_decodes(smol
                SamplingParams(max_tokens=23, ignore_eos=True, temperature=0.7, seed=3)]
     want_sampled = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, sampled)
     for pipeline in (0, 8):
-        dec = _fused(smollm, "none", 0, plain_steps=steps, pipeline_max_batch=pipeline)
-        assert dec.fused.steps == steps
+        dec = _fused(smollm, "none", 0, plain_steps=steps, plain_steps_min_batch=1, pipeline_max_batch=pipeline)
+        assert dec.fused.steps_for(1) == steps
         got = dec.generate(prompts, PARAMS)
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
         for o, p in zip(got, PARAMS):  # the prefill's token, then steps a round
@@ -189,5 +189,6 @@ def test_plain_rounds_of_several_steps_decode_what_the_eager_engine_decodes(smol
     prompt, ctx = prompts[3], len(prompts[3]) + 30  # the context's last tokens: rows leave the graph in time
     params = SamplingParams(max_tokens=100, ignore_eos=True)
     want = make_decoder(smollm, "none", k=0, cuda_graphs=False, max_context=ctx).generate([prompt], params)
-    got = _fused(smollm, "none", 0, plain_steps=steps, max_context=ctx).generate([prompt], params)
+    got = _fused(smollm, "none", 0, plain_steps=steps, plain_steps_min_batch=1, max_context=ctx).generate([prompt],
+                                                                                                           params)
     assert got[0].new_token_ids == want[0].new_token_ids and len(got[0].new_token_ids) == 30

@@ -121,22 +121,25 @@ def test_blocks_a_round_launched_ahead_holds_stay_until_it_is_read_or_dropped(sm
     assert dec.abort(rid) and rid not in target
 
 
-@pytest.mark.parametrize("draft,k,spec_max_batch,steps", [("none", 0, None, 1), ("auto", 4, 1, 1), ("none", 0, None, 3),
-                                                           ("auto", 4, 1, 2)])
-def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, draft, k, spec_max_batch, steps):
+@pytest.mark.parametrize("draft,k,spec_max_batch,steps,steps_from", [
+    ("none", 0, None, 1, 1), ("auto", 4, 1, 1, 1), ("none", 0, None, 3, 1), ("auto", 4, 1, 2, 1),
+    ("none", 0, None, 3, 2)])  # rounds of one row one step, of more three: rows go from one graph to the other
+def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, draft, k, spec_max_batch, steps,
+                                                              steps_from):
     """On a plain graph (no drafter, or requests the batch policy demoted) a request arriving does not break the
     chain: its prompt runs beside the round launched ahead, the round after holds it too (it joins), and every
     request decodes what the eager engine decodes, greedy and seeded sampled, arrivals and an abort among them;
-    with rounds of one step and of several (``plain_steps``)."""
+    with rounds of one step and of several (``plain_steps``), and rows moving between the two."""
     greedy = SamplingParams(max_tokens=20, ignore_eos=True)
     sampled = SamplingParams(max_tokens=22, ignore_eos=True, temperature=0.8, seed=3)
     filtered = SamplingParams(max_tokens=18, ignore_eos=True, temperature=1.1, seed=9, top_k=40, top_p=0.9)
     order = [(0, greedy), (1, sampled), (2, greedy), (0, filtered), (1, greedy)]
     want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate([prompts[i] for i, _ in order],
                                                                        [p for _, p in order])
-    dec = _pipelined(smollm, draft, k, spec_max_batch=spec_max_batch, plain_steps=steps)
+    dec = _pipelined(smollm, draft, k, spec_max_batch=spec_max_batch, plain_steps=steps,
+                     plain_steps_min_batch=steps_from)
     graph = dec.fused if dec.fused_plain is None else dec.fused_plain
-    assert graph.steps == steps
+    assert graph.steps_for(1) == (steps if steps_from == 1 else 1) and graph.steps_for(2) == steps
     free = [a.free_blocks for a in _allocators(dec)]
     ids, tokens, doomed = [], {}, None
     for step in range(80):

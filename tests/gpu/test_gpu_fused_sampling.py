@@ -54,6 +54,21 @@ def test_captured_sampled_rounds_equal_the_eager_engine(f32, prompts, draft, k, 
     assert dec.fused.rounds_ahead > 0  # sampled rounds launched ahead (pipeline_max_batch, 64 by default on cuda)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_captured_plain_rounds_of_several_steps_equal_the_eager_engine(f32, prompts, temperature):
+    """Plain rounds of 4 forwards (``plain_steps``; rounds of one row take one: ``plain_steps_min_batch`` 2),
+    captured, launched ahead, rows finishing at different rounds and the chain moving between graphs of 4 steps and
+    of 1: greedy and seeded sampled output equal the eager engine's, token for token."""
+    params = [SamplingParams(max_tokens=20 + 7 * i, ignore_eos=True, temperature=temperature, seed=3 + i,
+                             **({"top_k": 40} if i == 2 and temperature else {})) for i in range(len(prompts))]
+    want = _decoder(f32, "none", 0, False).generate(prompts, params)
+    dec = _decoder(f32, "none", 0, True, plain_steps=4, plain_steps_min_batch=2)
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert dec.fused.steps_for(4) == 4 and dec.fused.steps_for(1) == 1 and dec.fused.rounds_ahead > 0
+    assert dec.fused.num_captured >= 2
+
+
 def _chi_square_p(a: Counter, b: Counter) -> float:
     """Two-sample chi-square test of equal distributions (categories with < 10 counts pooled): p-value by the
     Wilson-Hilferty approximation of the chi-square tail."""

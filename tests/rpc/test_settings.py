@@ -9,7 +9,8 @@ import pytest
 from cli.settings_args import add_settings_args, settings_from
 from rpc.settings import EngineSettings, ServiceEngineSettings, load
 
-OPTIONAL = ["metrics_port", "kv_cache_tokens", "max_round_tokens", "spec_max_batch", "pipeline_max_batch"]
+OPTIONAL = ["metrics_port", "kv_cache_tokens", "max_round_tokens", "spec_max_batch", "pipeline_max_batch",
+            "plain_steps"]
 
 
 @pytest.mark.parametrize("word", ["none", "None", "NONE", ""])
