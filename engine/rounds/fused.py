@@ -116,7 +116,7 @@ class FusedRounds:
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
-        self._host_out = [torch.empty(pipeline_rows, self.span + 1 + k, dtype=torch.long, pin_memory=True)
+        self._host_out = [torch.empty(pipeline_rows * (self.span + 1 + k), dtype=torch.long, pin_memory=True)
                           for _ in range(2)] if pipelined else []
         self._done = [torch.cuda.Event() for _ in range(2)] if pipelined else []
         self._launches = 0
@@ -334,7 +334,8 @@ class FusedRounds:
             return Launch(g, ids, lengths, num_draft, g.out[:n], None)
         slot = self._launches % 2
         self._launches += 1
-        out, done = self._host_out[slot][:n, : g.out.shape[1]], self._done[slot]
+        width = g.out.shape[1]  # a graph's own (plain graphs differ by their steps): contiguous, or the copy syncs
+        out, done = self._host_out[slot][: n * width].view(n, width), self._done[slot]
         out.copy_(g.out[:n], non_blocking=True)
         done.record()
         return Launch(g, ids, lengths, num_draft, out, done)
