@@ -33,7 +33,7 @@ class Launch:
     """A replay on its way: the rows it runs (request ids, in order), each row's L and the drafts it verifies
     (None while it is chained from a round not yet read) and where its output lands on the host."""
 
-    g: Any                             # the graph it replays (``fused._RoundGraph``)
+    g: Any                             # the graph it replays (``round_graph.RoundGraph``)
     rows: tuple[str, ...]
     lengths: list[int] | None
     num_draft: tuple[int, ...] | None

@@ -38,16 +38,15 @@ import torch
 from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
-from engine.models import ops
 from engine.rounds.ahead import Launch, LaunchedAhead
-from engine.rounds.chained import chain, compact, count_down, enter, next_num_draft
 from engine.rounds.base import RowResult
+from engine.rounds.chained import compact, enter, next_num_draft
 from engine.rounds.graph_sampling import Mode, RoundSampling
-from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
+from engine.rounds.round_graph import RoundBody, RoundGraph
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
-    from engine.drafters.base import DraftProgram, Drafter
+    from engine.drafters.base import Drafter
     from engine.runner import ModelRunner
 
 
@@ -61,27 +60,6 @@ class FusedRow:
     q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
     draw: int = 0                   # the request's draw number for this round's coins (sampled rows)
     room: int = 0                   # tokens the request may still commit (0: unknown, never launched ahead)
-
-
-@dataclass
-class _RoundGraph:
-    attn: StaticAttention           # the target's verify, q_len k + 1
-    program: "DraftProgram | None"  # the drafter's part
-    inputs: torch.Tensor            # [R, k+2] long: t0, the k pending drafts and how many of them to verify
-    sampling: RoundSampling | None  # sampled modes only
-    chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
-    key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
-    steps: int                      # forwards a round (plain graphs of plain_steps_min_batch rows and more; else 1)
-    room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (chaining graphs, k > 0)
-    out: torch.Tensor | None = None    # [R, span+1+k] long: committed (span), num_accepted (1), next drafts (k)
-    q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
-    graph: "torch.cuda.CUDAGraph | None" = None
-
-    @property
-    def span(self) -> int:
-        """Tokens a round writes to a row's KV at most (k + 1 speculating, its steps plain); the column of the
-        accepted count in ``out`` (plain: the row's tokens - 1)."""
-        return self.inputs.shape[1] - 2 + self.steps
 
 
 class FusedRounds:
@@ -108,9 +86,9 @@ class FusedRounds:
         if PAD_SEQ not in alloc:
             alloc.extend(PAD_SEQ, 1)
         self.scratch_block = alloc.block_table(PAD_SEQ)[0]
-        self._offsets = torch.arange(k + 1, device=target.device)
+        self.body = RoundBody(target.model, k, self.one_hot, self.aux_layers, target.device)
         self._pad_inputs = torch.tensor([0] * (k + 1) + [k], dtype=torch.long, device=target.device)  # padding row
-        self._graphs: dict[tuple[int, int, Mode], _RoundGraph] = {}
+        self._graphs: dict[tuple[int, int, Mode], RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.ahead = LaunchedAhead(alloc, joins=k == 0)  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
@@ -161,7 +139,7 @@ class FusedRounds:
         return out
 
     def _run(self, rows: Sequence[FusedRow], lengths: list[int], ahead: bool,
-             joining: tuple[list[FusedRow], list[int], "_RoundGraph"] | None = None) -> list[RowResult]:
+             joining: tuple[list[FusedRow], list[int], "RoundGraph"] | None = None) -> list[RowResult]:
         k, n = self.k, len(rows)
         taken = self.ahead.take(tuple(r.request_id for r in rows), lengths, tuple(r.num_draft for r in rows))
         index = None  # each row's place in the launch, where rows that finished since it was launched are gone
@@ -206,7 +184,7 @@ class FusedRounds:
         return results
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
-                 ) -> tuple["_RoundGraph", list[int]] | None:
+                 ) -> tuple["RoundGraph", list[int]] | None:
         """Rows joining the chain this round: on a plain graph, the rows the round launched ahead does not hold,
         where it runs every other row as it is and the next round, of all of them, can be launched now into a
         graph already built (its rows bucket, a context bucket for the longest, their sampling mode); the
@@ -246,7 +224,7 @@ class FusedRounds:
     def _bucket(self, rows: int) -> int:
         return next(b for b in self.batch_buckets if b >= rows)
 
-    def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> _RoundGraph:
+    def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> RoundGraph:
         rows_b = self._bucket(len(rows))
         ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * self.span - 1)
         mode = Mode.of([r.params for r in rows])
@@ -276,7 +254,7 @@ class FusedRounds:
                          non_blocking=True)
         return self._replay(g, rows, list(lengths), tuple(r.num_draft for r in rows))
 
-    def _chains(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
+    def _chains(self, g: RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
         """Whether the next round of these rows can be launched now, before this one is read: every row's room
         known (each verifies next round what the host would give it: engine/rounds/chained.py counts it down),
         some row sure to outlive this round (else the launch would likely be thrown away: one request's last
@@ -286,9 +264,9 @@ class FusedRounds:
                 and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + g.steps for r in rows)
                 and max(lengths) + 3 * self.span - 1 <= min(g.attn.max_tokens, self.max_context))
 
-    def _launch_chained(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
+    def _launch_chained(self, g: RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
                         index: list[int] | None,
-                        joining: tuple[list[FusedRow], list[int], _RoundGraph] | None = None) -> Launch:
+                        joining: tuple[list[FusedRow], list[int], RoundGraph] | None = None) -> Launch:
         """The round after the one in flight: KV grown for its worst case (every draft accepted now), the
         block tables copied; its tokens, drafts and KV lengths are what the round in flight left in the
         graph's inputs. Rows that finished since that round was launched (``index`` skips them) leave: the
@@ -321,13 +299,13 @@ class FusedRounds:
         launch.sampled = tuple(r.request_id for r in everyone if not r.params.greedy)
         return launch
 
-    def _replay(self, g: _RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None,
+    def _replay(self, g: RoundGraph, rows: Sequence[FusedRow], lengths: list[int] | None,
                 num_draft: tuple[int, ...] | None) -> Launch:
         n = len(rows)
         ids = tuple(r.request_id for r in rows)
         if g.graph is None:
             with torch.inference_mode():
-                self._compute(g)
+                self.body.compute(g)
             return Launch(g, ids, lengths, num_draft, g.out[:n].clone(), None)
         g.graph.replay()
         if not g.chains:  # read as before: the output straight from the device (the read syncs)
@@ -340,7 +318,7 @@ class FusedRounds:
         done.record()
         return Launch(g, ids, lengths, num_draft, out, done)
 
-    def _compact(self, src: _RoundGraph, index: list[int], dst: _RoundGraph | None = None) -> _RoundGraph:
+    def _compact(self, src: RoundGraph, index: list[int], dst: RoundGraph | None = None) -> RoundGraph:
         """The chained buffers of the rows at ``index`` of ``src``, moved to the front of ``dst``, by default the
         smallest bucket (same context, same mode) that holds them and chains, else ``src`` itself; returns it."""
         rows_b, ctx, mode = src.key
@@ -355,58 +333,7 @@ class FusedRounds:
         return dst
 
     # ------------------------------------------------------------------ the graph
-    def _compute(self, g: _RoundGraph) -> None:
-        k, s = self.k, g.sampling
-        picked = []  # a plain graph's tokens of the steps before the last
-        for step in range(g.steps):
-            committed, accepted, aux = self._verify(g, step)
-            if step + 1 < g.steps:  # the next step's input: this step's token, one position on
-                chain(g.inputs, g.attn.kv_lens, committed, accepted, None)
-                picked.append(committed)
-        parts = [torch.cat(picked + [committed], dim=1), accepted[:, None] + (g.steps - 1)]
-        q = None
-        if g.program is not None:
-            next_drafts, q = g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
-            parts.append(next_drafts)
-        out = torch.cat(parts, dim=1)
-        if g.out is None:
-            g.out, g.q_out = out, q
-        else:
-            g.out.copy_(out)
-            if q is not None:
-                g.q_out.copy_(q)
-        if g.chains:
-            chain(g.inputs, g.attn.kv_lens, committed, accepted, parts[2] if g.program is not None else None,
-                  q, g.sampling.q_in if q is not None else None)
-            if g.room is not None:
-                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
-
-    def _verify(self, g: _RoundGraph, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """The target's forward over every row's t0 and drafts, and acceptance: committed [R, k+1], accepted [R]
-        and the aux features; ``step``: a plain graph's step (its coins)."""
-        k, model, s = self.k, self.target.model, g.sampling
-        rows = g.inputs.shape[0]
-        tokens, drafts, num_draft = g.inputs[:, : k + 1], g.inputs[:, 1: k + 1], g.inputs[:, k + 1]
-        kv = g.attn.kv_lens                                                   # [R] L + k + 1
-        positions = (kv[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)
-        g.attn.prepare()
-        if self.one_hot:  # a placeholder is verified as any token: its result is never accepted
-            tokens = tokens.clamp(min=0)
-        hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
-        logits = model.lm_logits(hidden)                                       # [R*(k+1), V] model dtype
-        committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))
-        if s is not None:
-            s.unpack()
-            per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
-            probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
-            if self.one_hot:  # only the leading real drafts (greedy matching never accepts a placeholder)
-                num_draft = torch.minimum(num_draft, (drafts >= 0).long().cumprod(dim=1).sum(dim=1))
-            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[step])
-            committed = torch.where(s.greedy[:, None], committed, s_out)
-            accepted = torch.where(s.greedy, accepted, s_acc)
-        return committed, accepted, aux
-
-    def _build(self, rows: int, ctx: int, mode: Mode) -> _RoundGraph:
+    def _build(self, rows: int, ctx: int, mode: Mode) -> RoundGraph:
         t = self.target
         blocks = -(-ctx // t.cache.block_size)
         attn = StaticAttention(t.cache, t.model.config.num_heads, rows, self.k + 1, blocks, self.scratch_block)
@@ -420,11 +347,11 @@ class FusedRounds:
         inputs[:, self.k + 1] = self.k
         chains = rows <= self.pipeline_rows
         room = torch.zeros(rows, dtype=torch.long, device=t.device) if chains and self.k else None
-        g = _RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
+        g = RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
         with torch.inference_mode():
-            self._compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
+            self.body.compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
         if self.capture:
-            g.graph = capture(lambda: self._compute(g), lambda: self._compute(g), self._pool, t.device)
+            g.graph = capture(lambda: self.body.compute(g), lambda: self.body.compute(g), self._pool, t.device)
         self._graphs[(rows, ctx, mode)] = g
         return g
 

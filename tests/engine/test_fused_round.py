@@ -147,7 +147,7 @@ def test_the_catch_up_carries_only_the_live_rows_past_the_attention(smollm, prom
     model = dec.drafter.head.layer if draft == "auto" else dec.drafter.runner.model.model.layers[-1]
     seen: list[int] = []
     hook = model.mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
-    compute, per_round = dec.fused._compute, []
+    compute, per_round = dec.fused.body.compute, []
 
     def counted(g):  # one round's graph body (a round that builds its graph runs it twice on the CPU)
         seen.clear()
@@ -155,7 +155,7 @@ def test_the_catch_up_carries_only_the_live_rows_past_the_attention(smollm, prom
         rows = g.inputs.shape[0]
         per_round.append((seen.count(rows), seen.count(rows * (k + 1)), len(seen)))
 
-    dec.fused._compute = counted
+    dec.fused.body.compute = counted
     try:
         dec.generate(prompts[:3], SamplingParams(max_tokens=12, ignore_eos=True))
     finally:

@@ -1,0 +1,103 @@
+"""The device side of a fused round (engine/rounds/fused.py): a graph's buffers (``RoundGraph``) and what its replay
+runs (``RoundBody.compute``): per step the target's forward over every row's t0 and drafts, greedy and
+rejection-sampled acceptance; then the drafter's next drafts; then the next round's inputs chained in place
+(engine/rounds/chained.py) where the graph launches rounds ahead. A plain graph (k 0) runs ``steps`` forwards a
+round, each on the token the one before picked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.attention.static import StaticAttention
+from engine.models import ops
+from engine.rounds.chained import chain, count_down
+from engine.rounds.graph_sampling import Mode, RoundSampling
+from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
+
+if TYPE_CHECKING:
+    from engine.drafters.base import DraftProgram
+
+
+@dataclass
+class RoundGraph:
+    attn: StaticAttention           # the target's verify, q_len k + 1
+    program: "DraftProgram | None"  # the drafter's part
+    inputs: torch.Tensor            # [R, k+2] long: t0, the k pending drafts and how many of them to verify
+    sampling: RoundSampling | None  # sampled modes only
+    chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
+    key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
+    steps: int                      # forwards a round (plain graphs of plain_steps_min_batch rows and more; else 1)
+    room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (chaining graphs, k > 0)
+    out: torch.Tensor | None = None    # [R, span+1+k] long: committed (span), num_accepted (1), next drafts (k)
+    q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
+    graph: "torch.cuda.CUDAGraph | None" = None
+
+    @property
+    def span(self) -> int:
+        """Tokens a round writes to a row's KV at most (k + 1 speculating, its steps plain); the column of the
+        accepted count in ``out`` (plain: the row's tokens - 1)."""
+        return self.inputs.shape[1] - 2 + self.steps
+
+
+class RoundBody:
+    """What a fused round's graph runs, on its buffers; the same for every graph of one ``FusedRounds``."""
+
+    def __init__(self, model: torch.nn.Module, k: int, one_hot: bool, aux_layers: tuple[int, ...],
+                 device: torch.device) -> None:
+        self.model, self.k, self.one_hot, self.aux_layers = model, k, one_hot, aux_layers
+        self._offsets = torch.arange(k + 1, device=device)
+
+    def compute(self, g: RoundGraph) -> None:
+        k, s = self.k, g.sampling
+        picked = []  # a plain graph's tokens of the steps before the last
+        for step in range(g.steps):
+            committed, accepted, aux = self.verify(g, step)
+            if step + 1 < g.steps:  # the next step's input: this step's token, one position on
+                chain(g.inputs, g.attn.kv_lens, committed, accepted, None)
+                picked.append(committed)
+        parts = [torch.cat(picked + [committed], dim=1), accepted[:, None] + (g.steps - 1)]
+        q = None
+        if g.program is not None:
+            next_drafts, q = g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
+            parts.append(next_drafts)
+        out = torch.cat(parts, dim=1)
+        if g.out is None:
+            g.out, g.q_out = out, q
+        else:
+            g.out.copy_(out)
+            if q is not None:
+                g.q_out.copy_(q)
+        if g.chains:
+            chain(g.inputs, g.attn.kv_lens, committed, accepted, parts[2] if g.program is not None else None,
+                  q, g.sampling.q_in if q is not None else None)
+            if g.room is not None:
+                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
+
+    def verify(self, g: RoundGraph, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """The target's forward over every row's t0 and drafts, and acceptance: committed [R, k+1], accepted [R]
+        and the aux features; ``step``: a plain graph's step (its coins)."""
+        k, model, s = self.k, self.model, g.sampling
+        rows = g.inputs.shape[0]
+        tokens, drafts, num_draft = g.inputs[:, : k + 1], g.inputs[:, 1: k + 1], g.inputs[:, k + 1]
+        kv = g.attn.kv_lens                                                   # [R] L + k + 1
+        positions = (kv[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)
+        g.attn.prepare()
+        if self.one_hot:  # a placeholder is verified as any token: its result is never accepted
+            tokens = tokens.clamp(min=0)
+        hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
+        logits = model.lm_logits(hidden)                                       # [R*(k+1), V] model dtype
+        committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))
+        if s is not None:
+            s.unpack()
+            per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
+            probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
+            if self.one_hot:  # only the leading real drafts (greedy matching never accepts a placeholder)
+                num_draft = torch.minimum(num_draft, (drafts >= 0).long().cumprod(dim=1).sum(dim=1))
+            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[step])
+            committed = torch.where(s.greedy[:, None], committed, s_out)
+            accepted = torch.where(s.greedy, accepted, s_acc)
+        return committed, accepted, aux
