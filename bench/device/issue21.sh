@@ -67,8 +67,17 @@
 # AB: A/B of BASE=path's tree and this one at c 64 greedy over NUM (default 1,024) prompts, ABBA: the engine alone
 #    (serve_probe.py, decoder.step() with each stream's next prompt as its last ends) and the co-located stack with
 #    2 gateway processes.
+# AC: py-spy of the served verifier's engine process (and its gRPC process) at c 64, two gateways.
+# AD: a plain round's steps (TANDEM_PLAIN_STEPS in STEPS, default "1 2 4 2 1"), served c 8 and 64 beside in process.
+# AE: the whole of tests/gpu.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
+mid_run() {  # log: wait until a c 64 measurement has run 3 s
+  for _ in $(seq 900); do grep -q "measuring tandem-colocated at concurrency 64" "$1" 2>/dev/null && break; sleep 0.3
+  done; sleep 3; }
+spy() {  # pid out-name flags...: 3 s of py-spy's raw stacks into $OUT/pyspy-<out-name>.txt
+  local pid=$1 out=$2; shift 2
+  py-spy record -d 3 -f raw -o "$OUT/pyspy-$out.txt" --pid "$pid" "$@" >> "$OUT/spy.log" 2>&1; }
 case "${PART:-A}" in
   A)
     timeout 570 python3 -m cli.main bench-serve --name "$name-served" --servers tandem-colocated,tandem-split \
@@ -238,34 +247,25 @@ case "${PART:-A}" in
       --out-dir "$OUT" > "$OUT/$name-inproc64.log" 2>&1
     grep -E '^\|' "$OUT/$name-inproc64.md" | cut -d'|' -f2-12; echo "in-process done at $SECONDS s"
     log="$OUT/$name-gil64.log"
-    (for _ in $(seq 900); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break; sleep 0.3; done
-     sleep 3; pid=$(pgrep -f "cli.main verifier" | head -1)
-     py-spy record -r 250 -d 3 --gil --nonblocking -f raw -o "$OUT/pyspy-gil.txt" --pid "$pid" > /dev/null 2>&1
-     py-spy record -r 250 -d 3 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-threads.txt" --pid "$pid" \
-       > /dev/null 2>&1
-     py-spy record -r 100 -d 3 --threads --idle --native -f raw -o "$OUT/pyspy-native.txt" --pid "$pid" \
-       > "$OUT/native.log" 2>&1) &
+    (mid_run "$log"; pid=$(pgrep -f "cli.main verifier" | head -1)
+     spy "$pid" gil -r 250 --gil --nonblocking; spy "$pid" threads -r 250 --threads --idle --nonblocking
+     spy "$pid" native -r 100 --threads --idle --native) &
     timeout 300 python3 -m cli.main bench-serve --name "$name-gil64" --servers tandem-colocated --gateways 2 \
       --concurrency 64 --num-prompts 2048 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
       --out-dir "$OUT" > "$log" 2>&1
     wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
-  AC)  # py-spy of the served verifier's engine process (and its gRPC process) at c 64, two gateways
+  AC)
     python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
     log="$OUT/$name-engine64.log"
-    (for _ in $(seq 900); do grep -q "measuring tandem-colocated at concurrency 64" "$log" 2>/dev/null && break; sleep 0.3; done
-     sleep 3; pid=$(pgrep -f "cli.main verifier" | head -1); eng=$(pgrep -P "$pid" -f spawn_main | head -1)
+    (mid_run "$log"; pid=$(pgrep -f "cli.main verifier" | head -1); eng=$(pgrep -P "$pid" -f spawn_main | head -1)
      echo "verifier $pid engine $eng" > "$OUT/pids.txt"
-     py-spy record -r 250 -d 3 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-engine.txt" --pid "$eng" \
-       > /dev/null 2>&1
-     py-spy record -r 250 -d 3 --threads --idle --nonblocking -f raw -o "$OUT/pyspy-grpc.txt" --pid "$pid" \
-       > /dev/null 2>&1
-     py-spy record -r 100 -d 3 --threads --idle --native -f raw -o "$OUT/pyspy-engine-native.txt" --pid "$eng" \
-       > "$OUT/native.log" 2>&1) &
+     spy "$eng" engine -r 250 --threads --idle --nonblocking; spy "$pid" grpc -r 250 --threads --idle --nonblocking
+     spy "$eng" engine-native -r 100 --threads --idle --native) &
     timeout 300 python3 -m cli.main bench-serve --name "$name-engine64" --servers tandem-colocated --gateways 2 \
       --concurrency 64 --num-prompts 3072 --max-tokens 128 --client-processes 4 --attention torch --device cuda \
       --out-dir "$OUT" > "$log" 2>&1
     wait; grep -E '^\{' "$log" | cut -c1-400; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
-  AD)  # a plain round's steps (TANDEM_PLAIN_STEPS), served against in process at c 8 and 64, alternated
+  AD)
     for st in ${STEPS:-1 2 4 2 1}; do
       TANDEM_PLAIN_STEPS=$st timeout 300 python3 -m cli.main bench-serve --name "$name-steps$st-$SECONDS" \
         --servers tandem-colocated --gateways 2 --concurrency 8,64 --temperatures ${TEMPS:-0} \
@@ -273,7 +273,7 @@ case "${PART:-A}" in
         --device cuda --out-dir "$OUT" > "$OUT/steps$st.log" 2>&1
       echo "steps $st:"; grep -E '^\{' "$OUT/steps$st.log" | cut -c1-260
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
-  AE)  # the whole of tests/gpu
+  AE)
     timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1
     tail -15 "$OUT/$name-gpu-tests.log" ;;
   W)

@@ -30,6 +30,14 @@ def _pipelined(smollm, draft, k, **kw):
     return dec
 
 
+def _step(dec, tokens, aborted) -> bool:
+    """One step, each request's new tokens (but the aborted one's) added to ``tokens``; whether any is left."""
+    for o in dec.step():
+        if o.request_id != aborted:
+            tokens[o.request_id] += o.new_token_ids
+    return dec.has_unfinished()
+
+
 def _allocators(dec):
     return [dec.target.allocator] + ([dec.drafter.runner.allocator] if dec.drafter is not None else [])
 
@@ -74,10 +82,7 @@ def test_arrivals_and_an_abort_leave_the_round_launched_ahead_be(smollm, prompts
             doomed = dec.add_request(prompts[2], greedy)
         if step == 14:
             assert dec.abort(doomed)
-        for o in dec.step():
-            if o.request_id != doomed:
-                tokens[o.request_id] += o.new_token_ids
-        if not dec.has_unfinished():
+        if not _step(dec, tokens, doomed):
             break
     assert list(tokens.values()) == [o.new_token_ids for o in want]
     # the arrivals' prefills ran beside the round launched ahead and the aborted row left the chain: nothing was
@@ -152,10 +157,7 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
         if step == 9:
             assert doomed in graph.ahead.launch.rows
             assert dec.abort(doomed)
-        for o in dec.step():
-            if o.request_id != doomed:
-                tokens[o.request_id] += o.new_token_ids
-        if not dec.has_unfinished():
+        if not _step(dec, tokens, doomed):
             break
     assert [tokens[i] for i in ids] == [o.new_token_ids for o in want]
     # every arrival but the first joined the chain; no round was launched and then thrown away
