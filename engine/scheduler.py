@@ -251,7 +251,7 @@ class Scheduler:
         # takes them (FusedRounds.run: they join it). Requests waiting to be admitted do not stop it: their
         # prefill runs beside the round launched ahead
         on_graph = self.fast.fused if fused else self.fast.fused_plain
-        ahead = not ((eager and not (on_graph is not None and on_graph.ahead.joins)) or (fused and plan.fused_plain))
+        ahead = not ((eager and not (on_graph is not None and on_graph.joins)) or (fused and plan.fused_plain))
         settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
         self._count_rows(settled)
         return settled

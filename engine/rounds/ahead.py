@@ -11,8 +11,8 @@ drafts; rows that finished since it was launched may be missing: their outputs a
 it, or it is *dropped*: by ``take`` on any other difference, or by ``expect`` when the scheduler is about to
 run other rows (one that still runs goes elsewhere, one enters a speculative graph). Rows arriving beside it
 (prefills, run in an eager round) do not drop it; on a plain graph they *join* the chain the round after
-(``FusedRounds.run``: the round launched then holds them too). A dropped launch is never read: the KV blocks it held past each row's length go
-back to their allocators (no other forward may see them), and its sampled rows' drafter draws are rewound
+(``FusedRounds.run``: the round launched then holds them too). A dropped launch is never read: the KV blocks it
+held past each row's length go back to their allocators (no other forward may see them), and its sampled rows' drafter draws are rewound
 (their next round draws what it drew). A finished row's blocks went back when it finished: the GPU runs the
 launch before anything enqueued later can reuse them.
 """
@@ -93,7 +93,8 @@ class LaunchedAhead:
         if self.launch is None:
             return
         if self.joins:
-            rows = tuple(rid for rid in rows if rid in self.launch.rows)
+            held = set(self.launch.rows)
+            rows = tuple(rid for rid in rows if rid in held)
         if self._index(self.launch, rows) is None:
             self._drop(self.launch)
             self.launch = None

@@ -72,8 +72,7 @@ class FastPath:
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
             n += self.fused.capture_buckets(max_batch, **kw) + self.fused_plain.capture_buckets(max_batch, **kw)
-            plain = self.fused_plain  # the rule compares a speculative round with a plain token
-            self.policy.timed(self.fused.replay_ms(), {b: ms / plain.steps_for(b) for b, ms in plain.replay_ms().items()})
+            self.policy.timed(self.fused.replay_ms(), self.fused_plain.replay_ms())
             return n
         if self.fused is not None:
             n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch),

@@ -104,6 +104,11 @@ class FusedRounds:
         self.joined = 0  # rows that joined a chain of rounds launched ahead (their prompt ran beside it)
 
     @property
+    def joins(self) -> bool:
+        """Whether rows arriving join its chain of rounds launched ahead (a plain graph) rather than stopping it."""
+        return self.ahead.joins
+
+    @property
     def dropped(self) -> int:
         """Rounds launched ahead whose rows did not come back as they were (wasted, never read)."""
         return self.ahead.dropped
@@ -129,8 +134,7 @@ class FusedRounds:
         joining = self._joining(rows, lengths, ahead)
         if not joining:
             return self._run(rows, lengths, ahead)
-        dst, entering = joining
-        kept = [i for i in range(len(rows)) if i not in entering]
+        dst, kept, entering = joining
         results = self._run([rows[i] for i in kept], [lengths[i] for i in kept], ahead,
                             ([rows[i] for i in entering], [lengths[i] for i in entering], dst))
         out: list[RowResult | None] = [None] * len(rows)
@@ -184,17 +188,21 @@ class FusedRounds:
         return results
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
-                 ) -> tuple["RoundGraph", list[int]] | None:
+                 ) -> tuple["RoundGraph", list[int], list[int]] | None:
         """Rows joining the chain this round: on a plain graph, the rows the round launched ahead does not hold,
         where it runs every other row as it is and the next round, of all of them, can be launched now into a
-        graph already built (its rows bucket, a context bucket for the longest, their sampling mode); the
-        graph and their positions. None: every row runs this round (the launch, if any, is taken or dropped)."""
+        graph already built (its rows bucket, a context bucket for the longest, their sampling mode); that graph,
+        the other rows' positions and theirs. None: every row runs this round (the launch, if any, is taken or
+        dropped)."""
         launch = self.ahead.launch
         if not (ahead and self.ahead.joins and launch is not None and launch.lengths is not None):
             return None
-        entering = [i for i, r in enumerate(rows) if r.request_id not in launch.rows]
-        kept = [i for i in range(len(rows)) if i not in entering]
-        if not entering or not kept or self.ahead.match(
+        held = set(launch.rows)
+        kept = [i for i, r in enumerate(rows) if r.request_id in held]
+        if len(kept) == len(rows):  # the usual round: nobody joins
+            return None
+        entering = [i for i, r in enumerate(rows) if r.request_id not in held]
+        if not kept or self.ahead.match(
                 launch, tuple(rows[i].request_id for i in kept), [lengths[i] for i in kept],
                 tuple(rows[i].num_draft for i in kept)) is None:
             return None
@@ -206,7 +214,7 @@ class FusedRounds:
         dst = self._graphs.get(key) or (None if self.capture else self._build(*key))
         if dst is None or not self._chains(dst, rows, lengths):
             return None
-        return dst, entering
+        return dst, kept, entering
 
     def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
                         modes: Sequence[Mode] = (Mode.GREEDY, Mode.SAMPLED)) -> int:
@@ -360,9 +368,10 @@ class FusedRounds:
         return self.steps if self._bucket(rows) >= self.steps_from else 1
 
     def replay_ms(self, iters: int = 20) -> dict[int, float]:
-        """GPU time of one replay of each captured rows bucket (the first context bucket; greedy, else sampled), by
-        CUDA events, before any request ran: every row is padding then (its block table the scratch block), so a
-        replay writes nothing but scratch. The cost policy's figures (engine/policy.py); {} where none is captured."""
+        """GPU time of one replay of each captured rows bucket per forward (a plain round of several steps: divided
+        by them, so a plain token's cost), in the first context bucket, greedy, else sampled, by CUDA events, before
+        any request ran: every row is padding then (its block table the scratch block), so a replay writes nothing
+        but scratch. The cost policy's figures (engine/policy.py); {} where none is captured."""
         times = {}
         for (rows, ctx, mode), g in sorted(self._graphs.items(), key=lambda item: -item[0][2]):  # greedy last: wins
             if g.graph is None or ctx != self.context_buckets[0]:
@@ -374,7 +383,7 @@ class FusedRounds:
                 g.graph.replay()
             end.record()
             end.synchronize()
-            times[rows] = start.elapsed_time(end) / iters
+            times[rows] = start.elapsed_time(end) / iters / g.steps
         return times
 
     @property

@@ -78,11 +78,11 @@ class RoundSampling:
              advance: int = 1) -> None:
         """Parameters, coins (every row's at its seed and draw, as the eager round draws them; a greedy or
         padding row's are drawn and unused) and the pending drafts' q; rows past the batch become greedy
-        padding. ``chained``: the round after the one in flight (its draw numbers ``advance`` further: the
-        forwards of the round in flight; the
-        parameters stay unless ``params`` (its rows were compacted or rows join), and the q of its drafts is what
-        the round in flight leaves in ``q_in``); its last ``entering`` rows join the chain (not in the round in
-        flight: their draw numbers are their own). A plain graph's step s draws at the draw number + s."""
+        padding. ``chained``: the round after the one in flight (its draw numbers ``advance`` further, the
+        forwards of the round in flight; the parameters stay unless ``params`` (its rows were compacted or rows
+        join), and the q of its drafts is what the round in flight leaves in ``q_in``); its last ``entering`` rows
+        join the chain (not in the round in flight: their draw numbers are their own). A plain graph's step s
+        draws at the draw number + s."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
         if not chained or params:
             self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
