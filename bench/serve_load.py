@@ -237,9 +237,10 @@ def run_load(load: Load, prompts: list[list[int]]) -> dict:
 
 def summarize(load: Load, results: list[Result], cpu_s: float, procs: int) -> dict:
     ok = [r for r in results if r.error is None and r.chunks]
-    ttft, itl = [], []
+    ttft, itl, latency = [], [], []
     for r in ok:
         ttft.append(r.chunks[0][0] - r.sent)
+        latency.append(r.chunks[-1][0] - r.sent)
         for (t0, _), (t1, n) in zip(r.chunks, r.chunks[1:]):
             itl.extend([(t1 - t0) / n] * n)
     tokens = sum(n for r in ok for _, n in r.chunks)
@@ -248,12 +249,15 @@ def summarize(load: Load, results: list[Result], cpu_s: float, procs: int) -> di
     wall = max(end - begin, 1e-9)
     acc = [r.acceptance_length for r in ok if r.acceptance_length]
     ms = lambda xs, q: None if not xs else round(percentile(xs, q) * 1e3, 3)  # noqa: E731
+    mean_ms = lambda xs: None if not xs else round(sum(xs) / len(xs) * 1e3, 3)  # noqa: E731
     return {"protocol": load.protocol, "concurrency": None if load.rate else load.concurrency, "rate": load.rate,
             "temperature": load.temperature, "max_tokens": load.max_tokens, "requests": len(results),
             "completed": len(ok), "errors": sorted({r.error for r in results if r.error})[:5],
             "output_tokens": tokens, "elapsed_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
             "requests_per_s": round(len(ok) / wall, 3), "ttft_ms_p50": ms(ttft, 50), "ttft_ms_p99": ms(ttft, 99),
             "itl_ms_p50": ms(itl, 50), "itl_ms_p99": ms(itl, 99),
+            # means: what a closed loop's throughput follows (concurrency / mean latency requests a second)
+            "ttft_ms_mean": mean_ms(ttft), "itl_ms_mean": mean_ms(itl), "latency_ms_mean": mean_ms(latency),
             "acceptance_length": round(sum(acc) / len(acc), 3) if acc else None,
             "client_processes": procs, "client_cpu_s": round(cpu_s, 2),
             # of the client processes' available CPU over the run: near 100% would mean the client limits the number

@@ -46,8 +46,9 @@ class Served:
         (``rows.<reason>``), fused rounds (``fused.run``, ``fused.launched_ahead``, ``fused.dropped``, ``fused.compacted``), the engine
         thread's seconds by phase (``serve_s.round``, ``serve_s.between``, ``serve_s.idle``) and rounds run
         (``serve_rounds.run``); each service process's CPU seconds (``cpu_s.<service>``); spans received
-        (``spans``, tracing on). Derived: the mean rows a round ran (``rows_per_round``) and the gateway's CPU per
-        round (``gateway_cpu_ms_per_round``)."""
+        (``spans``, tracing on). Derived: the mean rows a round ran (``rows_per_round``), the mean batch over the
+        rounds' time (``batch_mean``), the gateway's CPU per round (``gateway_cpu_ms_per_round``) and a finished
+        request's mean time in the engine by phase (``engine_ms.queued``, ``.first``, ``.life``: serving.Lifetimes)."""
         if self.counters is None:
             return {}
         gained = {key: round(value - before.get(key, 0.0), 4) for key, value in self.counters().items()
@@ -57,6 +58,11 @@ class Served:
             gained["rows_per_round"] = round(sum(v for k, v in gained.items() if k.startswith("rows.")) / rounds, 2)
             gateway = sum(v for k, v in gained.items() if k.startswith("cpu_s.gateway"))  # every gateway process
             gained["gateway_cpu_ms_per_round"] = round(1e3 * gateway / rounds, 4)
+        if gained.get("serve_s.round"):  # the batch's mean over the rounds' time (rows_per_round weighs each round 1)
+            gained["batch_mean"] = round(gained.get("serve_row_s", 0.0) / gained["serve_s.round"], 2)
+        done = gained.get("serve_requests.finished")
+        for phase in ("queued", "first", "life") if done else ():  # a request's mean time in the engine
+            gained[f"engine_ms.{phase}"] = round(1e3 * gained.get(f"serve_request_s.{phase}", 0.0) / done, 3)
         return gained
 
 
@@ -118,7 +124,10 @@ def _tandem(name: str, opts: ServerOptions) -> Iterator[Served]:
 
 
 _COUNTERS = {"tandem_verifier_rows_total": "rows", "tandem_verifier_fused_rounds_total": "fused",
-             "tandem_verifier_serve_seconds": "serve_s", "tandem_verifier_serve_rounds_total": "serve_rounds"}
+             "tandem_verifier_serve_seconds": "serve_s", "tandem_verifier_serve_rounds_total": "serve_rounds",
+             "tandem_verifier_serve_requests_total": "serve_requests",
+             "tandem_verifier_serve_request_seconds": "serve_request_s"}
+_PLAIN = {"tandem_verifier_serve_row_seconds": "serve_row_s"}  # no label
 
 
 def _round_counters(metrics: dict[str, float]) -> dict[str, float]:
@@ -126,7 +135,9 @@ def _round_counters(metrics: dict[str, float]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
         name, _, label = key.partition("{")
-        if name in _COUNTERS:
+        if name in _PLAIN:
+            out[_PLAIN[name]] = value
+        elif name in _COUNTERS:
             out[_COUNTERS[name] + "." + label.split('"')[1]] = value
     return out
 

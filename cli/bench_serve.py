@@ -156,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
 _SHOWN = ("server", "tracing", "gateways", "concurrency", "temperature", "client_processes", "tokens_per_s", "completed",
           "client_cpu_pct")
 # the verifier's counters over a load (bench/servers.py)
-_COUNTER_KEYS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round", "cpu_s.", "gateway_cpu_ms", "spans")
+_COUNTER_KEYS = ("rows.", "fused.", "serve_s.", "serve_rounds.", "rows_per_round", "batch_mean", "engine_ms.", "cpu_s.",
+                 "gateway_cpu_ms", "spans")
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -174,7 +175,7 @@ def add_ratios(rows: list[dict]) -> None:
 def markdown(rows: list[dict]) -> str:
     cols = ["server", "tracing", "gateways", "concurrency", "temperature", "client_processes", "tokens_per_s",
             "served_vs_in_process", "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
-            "acceptance_length", "rows_per_round", "gateway_cpu_ms_per_round", "completed", "requests",
+            "latency_ms_mean", "acceptance_length", "rows_per_round", "batch_mean", "gateway_cpu_ms_per_round", "completed", "requests",
             "client_cpu_pct"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]

@@ -84,6 +84,15 @@ async def serve(settings: VerifierSettings) -> None:
                    "tandem_verifier_rows_total over this)", "kind", lambda: {"run": engine.snapshot()["serve_rounds"]})
     for phase in ("round", "between", "idle"):
         serve_seconds.labels(phase).set_function(lambda phase=phase: engine.snapshot()["serve_seconds"][phase])
+    Gauge("tandem_verifier_serve_row_seconds", "verifier: requests x seconds of the Serve rounds so far (over "
+          "tandem_verifier_serve_seconds{phase=\"round\"}: the mean batch a round ran)").set_function(read("serve_row_s"))
+    engine_counter("tandem_verifier_serve_requests", "verifier: Serve requests that ran to their end", "outcome",
+                   lambda: {"finished": engine.snapshot()["serve_lives"]["requests"]})
+    lives = Gauge("tandem_verifier_serve_request_seconds", "verifier: the Serve requests' time in the engine so far, "
+                  "summed over those finished or started, by phase: queued (arrived, not yet added to the batch), "
+                  "first (added, to its first tokens), life (added, to its end)", ["phase"])
+    for phase in ("queued", "first", "life"):
+        lives.labels(phase).set_function(lambda phase=phase: engine.snapshot()["serve_lives"][phase])
     await serve_engine_service("verifier", Service(verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: _start(engine, settings),

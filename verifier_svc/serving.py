@@ -87,6 +87,37 @@ def _columns(rows: Sequence[tuple[int, RequestOutput, int]], start: int, duratio
                    b"".join(texts), offsets, start, duration)
 
 
+class Lifetimes:
+    """Where a Serve request's time goes inside the engine (engine thread only; read as running sums): ``queued``
+    from its admission reaching this process to the tick that adds it to the decoder, ``first`` from then to its
+    first tokens handed out, ``life`` from then to its last; ``requests`` finished so far. What a client waits
+    beyond these is the wire, both ways."""
+
+    def __init__(self) -> None:
+        self.sums = {"requests": 0, "queued": 0.0, "first": 0.0, "life": 0.0}
+        self._added: dict[str, list] = {}  # request id -> [added at, its first tokens handed out]
+
+    def admitted(self, rid: str, queued: float, now: float) -> None:
+        self.sums["queued"] += now - queued
+        self._added[rid] = [now, False]
+
+    def drop(self, rid: str) -> None:
+        self._added.pop(rid, None)
+
+    def handed_out(self, outputs: Sequence[RequestOutput], now: float) -> None:
+        for o in outputs:
+            added = self._added.get(o.request_id)
+            if added is None:
+                continue
+            if not added[1] and o.new_token_ids:
+                added[1] = True
+                self.sums["first"] += now - added[0]
+            if o.finished:
+                del self._added[o.request_id]
+                self.sums["requests"] += 1
+                self.sums["life"] += now - added[0]
+
+
 class RoundLoop:
     def __init__(self, decoder: SpecDecoder, worker: Executor) -> None:
         self.decoder = decoder
@@ -94,12 +125,15 @@ class RoundLoop:
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards what the event loop hands the engine thread
-        self._pending: list[tuple[Session, list[Admit], list[int], bool]] = []  # (session, admits, cancels, closed)
+        # (session, admits, cancels, closed, when queued)
+        self._pending: list[tuple[Session, list[Admit], list[int], bool, float]] = []
         self._scheduled = False
         self._seconds = {"round": 0.0, "between": 0.0, "idle": 0.0}
         self.rounds = 0  # ticks that ran a round
         self._ended: float | None = None  # when the last tick ended
         self._idle = False                # it ended with nothing left to run
+        self.row_seconds = 0.0            # rows x seconds of every round: its mean occupancy is this over "round"
+        self.lives = Lifetimes()
 
     def seconds(self) -> dict[str, float]:
         """Where the engine thread's time went since the first Serve round (any thread may ask): running rounds
@@ -121,7 +155,7 @@ class RoundLoop:
                 close: bool = False) -> None:
         """Queue admissions and cancellations (``close``: the stream ended, every request of it goes)."""
         with self._lock:
-            self._pending.append((session, list(admits), list(cancels), close))
+            self._pending.append((session, list(admits), list(cancels), close, time.perf_counter()))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -131,12 +165,13 @@ class RoundLoop:
     def _apply(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-        dec = self.decoder
-        for session, admits, cancels, close in pending:
+        dec, now = self.decoder, time.perf_counter()
+        for session, admits, cancels, close, queued in pending:
             for slot in (list(session.live) if close else cancels):
                 if slot in session.live:
                     session.live.discard(slot)
                     dec.abort(session.rid(slot))
+                    self.lives.drop(session.rid(slot))
             if close:
                 with self._lock:
                     self.sessions.pop(session.id, None)
@@ -147,6 +182,7 @@ class RoundLoop:
                         raise ValueError(f"slot: {a.slot} is already in use on this stream")
                     dec.add_request(a.prompt, a.params, session.rid(a.slot), a.output)
                     session.live.add(a.slot)
+                    self.lives.admitted(session.rid(a.slot), queued, now)
                 except ValueError as exc:
                     session.deliver((a.slot, exc))
 
@@ -156,6 +192,7 @@ class RoundLoop:
         if ended is not None:
             self._seconds["idle" if self._idle else "between"] += began - ended
         self._idle = False
+        rows = 0
         try:
             self._apply()
             dec = self.decoder
@@ -170,12 +207,15 @@ class RoundLoop:
                 ks = {r.request_id: dec.draft_len(r) for r in dec.running}
                 outputs = dec.step()
                 self.rounds += 1
+                rows = len(outputs)
+                self.lives.handed_out(outputs, time.perf_counter())
                 self._hand_out(outputs, ks, start, time.perf_counter_ns() - t0)
         except Exception:  # the loop must not die with requests in it: their sessions learn of it
             log.exception("serve round failed")
             self._fail_all()
         self._ended = time.perf_counter()
         self._seconds["round"] += self._ended - began
+        self.row_seconds += rows * (self._ended - began)
         self.worker.submit(self._tick)
 
     def _hand_out(self, outputs: Sequence[RequestOutput], ks: dict[str, int], start: int, duration: int) -> None:
@@ -196,5 +236,6 @@ class RoundLoop:
         for session in list(self.sessions.values()):
             for slot in list(session.live):
                 self.decoder.abort(session.rid(slot))
+                self.lives.drop(session.rid(slot))
                 session.deliver((slot, RuntimeError("the verifier's round failed; see its log")))
             session.live.clear()

@@ -70,6 +70,9 @@
 # AC: py-spy of the served verifier's engine process (and its gRPC process) at c 64, two gateways.
 # AD: a plain round's steps (TANDEM_PLAIN_STEPS in STEPS, default "1 2 4 2 1"), served c 8 and 64 beside in process.
 # AE: the whole of tests/gpu.
+# AF: where a served request's time goes: co-located (GATEWAYS, default 2) at c 8 and 64, TEMPS (default 0), over NUM
+#    (default 1,024) prompts beside the in-process engine: the client's mean TTFT and latency against a request's
+#    mean time in the engine (queued, to its first tokens, its life) and the batch's mean over the rounds' time.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -273,6 +276,20 @@ case "${PART:-A}" in
         --device cuda --out-dir "$OUT" > "$OUT/steps$st.log" 2>&1
       echo "steps $st:"; grep -E '^\{' "$OUT/steps$st.log" | cut -c1-260
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AF)
+    timeout 400 python3 -m cli.main bench-serve --name "$name-lives" --servers tandem-colocated \
+      --gateways ${GATEWAYS:-2} --concurrency 8,64 --temperatures ${TEMPS:-0} --num-prompts ${NUM:-1024} \
+      --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-lives.log" 2>&1
+    python3 - "$OUT/$name-lives.json" <<'PY'
+import json, sys
+keys = ("server", "concurrency", "tokens_per_s", "served_vs_in_process", "ttft_ms_p50", "ttft_ms_mean", "itl_ms_mean",
+        "latency_ms_mean", "batch_mean", "rows_per_round", "engine_ms.queued", "engine_ms.first", "engine_ms.life",
+        "serve_s.round", "serve_rounds.run")
+for r in json.load(open(sys.argv[1])):
+    print({k: r.get(k) for k in keys if k in r})
+PY
+    rm -f "$OUT"/*.png ;;
   AE)
     timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1
     tail -15 "$OUT/$name-gpu-tests.log" ;;

@@ -33,6 +33,12 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         assert r["rows.prefill"] == 5 and r["rows.fused_off"] >= 5 * (6 - 1) // 4 and "fused.run" not in r
         assert r["serve_s.round"] > 0  # the engine thread's time running rounds during this load
         assert r["serve_rounds.run"] >= 6 and 1 <= r["rows_per_round"] <= r["concurrency"]
+        assert 0.5 < r["batch_mean"] <= r["concurrency"]  # over the rounds' time (a tick may run no row)
+        # a request's time in the engine, and the client's, which holds it and the wire both ways
+        assert r["serve_requests.finished"] == 5
+        assert 0 <= r["engine_ms.queued"] and 0 < r["engine_ms.first"] < r["engine_ms.life"]
+        assert r["engine_ms.queued"] + r["engine_ms.life"] < r["latency_ms_mean"]
+        assert r["ttft_ms_mean"] < r["latency_ms_mean"] and r["itl_ms_mean"] > 0
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
             rel=1e-2)
