@@ -73,6 +73,8 @@
 # AF: where a served request's time goes: co-located (GATEWAYS, default 2) at c 8 and 64, TEMPS (default 0), over NUM
 #    (default 1,024) prompts beside the in-process engine: the client's mean TTFT and latency against a request's
 #    mean time in the engine (queued, to its first tokens, its life) and the batch's mean over the rounds' time.
+# AG: a round's parts timed, steps with a prefill against those without (serve_probe.py --modes step,parts), the
+#    engine alone with each stream's next prompt as its last ends, at CONC (default "8 64") over NUM (default 512).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -290,6 +292,12 @@ for r in json.load(open(sys.argv[1])):
     print({k: r.get(k) for k in keys if k in r})
 PY
     rm -f "$OUT"/*.png ;;
+  AG)
+    for c in ${CONC:-8 64}; do
+      TANDEM_ATTENTION=torch timeout 250 python3 bench/device/serve_probe.py --concurrency $c \
+        --num-prompts ${NUM:-512} --modes step,parts > "$OUT/$name-parts$c.log" 2>&1
+      grep -E '^\{' "$OUT/$name-parts$c.log"; echo "c $c done at $SECONDS s"
+    done ;;
   AE)
     timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1
     tail -15 "$OUT/$name-gpu-tests.log" ;;

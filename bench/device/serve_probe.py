@@ -6,7 +6,10 @@ three ways in turn (ABBA over REPS):
 
   step:  decoder.step() in a loop on this thread (as ``tandem bench --admission continuous``);
   loop:  the verifier's RoundLoop on its engine thread, outcomes handed to this thread through a queue.Queue;
-  aio:   the RoundLoop with outcomes handed to an asyncio loop by call_soon_threadsafe (as the Serve servicer does).
+  aio:   the RoundLoop with outcomes handed to an asyncio loop by call_soon_threadsafe (as the Serve servicer does);
+  parts: step's loop with the round's parts timed (the scheduler's admit, route, settle; the drafter; the fast path's
+         and the eager round's run, of it the target's forward; the commit; a request's creation): one more JSON
+         line with each part's mean ms over the steps that ran a prefill and over those that did not.
 
 Prints one JSON line per run: tokens/s, rounds, ms a round. Usage (after bench/device/env.sh):
   python3 bench/device/serve_probe.py [--concurrency 64] [--num-prompts 1024] [--modes step,loop,aio,aio,loop,step]
@@ -48,6 +51,56 @@ def run_step(dec, prompts, c, max_tokens):
             if o.finished:
                 for j in itertools.islice(todo, 1):
                     dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+    return tokens, rounds
+
+
+def run_parts(dec, prompts, c, max_tokens):
+    """step's loop, every part of a round timed; prints the means by whether a step ran a prefill."""
+    spent: dict[str, float] = {}
+
+    def timed(obj, name: str, label: str | None = None) -> None:
+        fn = getattr(obj, name)
+
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = label or name
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+        setattr(obj, name, wrapper)
+
+    sch = dec.scheduler
+    for obj, name, label in ((sch, "admit", None), (sch, "route", None), (sch, "settle", None), (dec, "propose", None),
+                             (dec.fast, "run", "fast.run"), (dec.fast, "expect", "fast.expect"),
+                             (dec.eager, "run", "eager.run"), (dec.target, "run", "target.run"),
+                             (dec, "_commit", "commit"), (dec, "add_request", "add_request")):
+        timed(obj, name, label)
+    sums = {True: {}, False: {}}
+    counts = {True: 0, False: 0}
+    todo = iter(range(len(prompts)))
+    tokens = rounds = 0
+    for j in itertools.islice(todo, c):
+        dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+    while dec.has_unfinished():
+        before = sch.rows["prefill"]
+        spent.clear()
+        t = time.perf_counter()
+        outs = dec.step()
+        spent["step"] = time.perf_counter() - t
+        rounds += 1
+        for o in outs:
+            tokens += len(o.new_token_ids)
+            if o.finished:
+                for j in itertools.islice(todo, 1):
+                    dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+        prefill = sch.rows["prefill"] > before
+        counts[prefill] += 1
+        for key, v in spent.items():
+            sums[prefill][key] = sums[prefill].get(key, 0.0) + v
+    print(json.dumps({f"{'prefill' if p else 'no_prefill'}": {
+        "steps": counts[p], **{k: round(v / max(counts[p], 1) * 1e3, 3) for k, v in sorted(sums[p].items())}}
+        for p in (True, False)}), flush=True)
     return tokens, rounds
 
 
@@ -126,7 +179,8 @@ def main() -> int:
     rl = RoundLoop(dec, ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-engine"))
     runs = {"step": lambda: run_step(dec, prompts, args.concurrency, args.max_tokens),
             "loop": lambda: run_loop(rl, prompts, args.concurrency, args.max_tokens),
-            "aio": lambda: run_aio(rl, prompts, args.concurrency, args.max_tokens)}
+            "aio": lambda: run_aio(rl, prompts, args.concurrency, args.max_tokens),
+            "parts": lambda: run_parts(dec, prompts, args.concurrency, args.max_tokens)}
     run_step(dec, prompts[: 2 * args.concurrency], args.concurrency, args.max_tokens)  # warm-up
     for mode in args.modes.split(","):
         t = time.perf_counter()
