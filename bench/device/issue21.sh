@@ -74,7 +74,8 @@
 #    (default 1,024) prompts beside the in-process engine: the client's mean TTFT and latency against a request's
 #    mean time in the engine (queued, to its first tokens, its life) and the batch's mean over the rounds' time.
 # AG: a round's parts timed, steps with a prefill against those without (serve_probe.py --modes step,parts), the
-#    engine alone with each stream's next prompt as its last ends, at CONC (default "8 64") over NUM (default 512).
+#    engine alone with each stream's next prompt as its last ends, at CONC (default "8 64") over NUM (default 512);
+#    MODES (default step,parts; stagger: arrivals one a step). PREFILL=1 first: bench/device/prefill_probe.py.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -293,9 +294,13 @@ for r in json.load(open(sys.argv[1])):
 PY
     rm -f "$OUT"/*.png ;;
   AG)
+    if [ -n "$PREFILL" ]; then
+      TANDEM_ATTENTION=torch timeout 200 python3 bench/device/prefill_probe.py > "$OUT/$name-prefill.log" 2>&1
+      grep -vE 'Warning|warn' "$OUT/$name-prefill.log" | tail -40; echo "prefill done at $SECONDS s"
+    fi
     for c in ${CONC:-8 64}; do
       TANDEM_ATTENTION=torch timeout 250 python3 bench/device/serve_probe.py --concurrency $c \
-        --num-prompts ${NUM:-512} --modes step,parts > "$OUT/$name-parts$c.log" 2>&1
+        --num-prompts ${NUM:-512} --modes ${MODES:-step,parts} > "$OUT/$name-parts$c.log" 2>&1
       grep -E '^\{' "$OUT/$name-parts$c.log"; echo "c $c done at $SECONDS s"
     done ;;
   AE)

@@ -9,7 +9,8 @@ three ways in turn (ABBA over REPS):
   aio:   the RoundLoop with outcomes handed to an asyncio loop by call_soon_threadsafe (as the Serve servicer does);
   parts: step's loop with the round's parts timed (the scheduler's admit, route, settle; the drafter; the fast path's
          and the eager round's run, of it the target's forward; the commit; a request's creation): one more JSON
-         line with each part's mean ms over the steps that ran a prefill and over those that did not.
+         line with each part's mean ms over the steps that ran a prefill and over those that did not;
+  stagger: parts with the first requests arriving one a step, so that each later one prefills alone (as served).
 
 Prints one JSON line per run: tokens/s, rounds, ms a round. Usage (after bench/device/env.sh):
   python3 bench/device/serve_probe.py [--concurrency 64] [--num-prompts 1024] [--modes step,loop,aio,aio,loop,step]
@@ -54,8 +55,9 @@ def run_step(dec, prompts, c, max_tokens):
     return tokens, rounds
 
 
-def run_parts(dec, prompts, c, max_tokens):
-    """step's loop, every part of a round timed; prints the means by whether a step ran a prefill."""
+def run_parts(dec, prompts, c, max_tokens, stagger=False):
+    """step's loop, every part of a round timed; prints the means by whether a step ran a prefill. ``stagger``: the
+    first ``c`` requests arrive one a step (their ends stay apart: each later arrival prefills alone, as served)."""
     spent: dict[str, float] = {}
 
     def timed(obj, name: str, label: str | None = None) -> None:
@@ -80,9 +82,14 @@ def run_parts(dec, prompts, c, max_tokens):
     counts = {True: 0, False: 0}
     todo = iter(range(len(prompts)))
     tokens = rounds = 0
-    for j in itertools.islice(todo, c):
+    late = c - 1 if stagger else 0
+    for j in itertools.islice(todo, c - late):
         dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
     while dec.has_unfinished():
+        if late:
+            late -= 1
+            for j in itertools.islice(todo, 1):
+                dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
         before = sch.rows["prefill"]
         spent.clear()
         t = time.perf_counter()
@@ -180,7 +187,8 @@ def main() -> int:
     runs = {"step": lambda: run_step(dec, prompts, args.concurrency, args.max_tokens),
             "loop": lambda: run_loop(rl, prompts, args.concurrency, args.max_tokens),
             "aio": lambda: run_aio(rl, prompts, args.concurrency, args.max_tokens),
-            "parts": lambda: run_parts(dec, prompts, args.concurrency, args.max_tokens)}
+            "parts": lambda: run_parts(dec, prompts, args.concurrency, args.max_tokens),
+            "stagger": lambda: run_parts(dec, prompts, args.concurrency, args.max_tokens, stagger=True)}
     run_step(dec, prompts[: 2 * args.concurrency], args.concurrency, args.max_tokens)  # warm-up
     for mode in args.modes.split(","):
         t = time.perf_counter()
