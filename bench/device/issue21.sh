@@ -76,6 +76,9 @@
 # AG: a round's parts timed, steps with a prefill against those without (serve_probe.py --modes step,parts), the
 #    engine alone with each stream's next prompt as its last ends, at CONC (default "8 64") over NUM (default 512);
 #    MODES (default step,parts; stagger: arrivals one a step). PREFILL=1 first: bench/device/prefill_probe.py.
+# AH: A/B of BASE=path's tree and this one, ABBA: a prompt's prefill (prefill_probe.py) and the engine alone at c 8
+#    with arrivals one a step (serve_probe.py --modes stagger, NUM default 384 prompts).
+# AI: A/B of BASE=path's tree and this one (ORDER, default "base new"): AF's load (GATEWAYS, TEMPS, NUM) on each.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -303,6 +306,34 @@ PY
         --num-prompts ${NUM:-512} --modes ${MODES:-step,parts} > "$OUT/$name-parts$c.log" 2>&1
       grep -E '^\{' "$OUT/$name-parts$c.log"; echo "c $c done at $SECONDS s"
     done ;;
+  AH)
+    for t in base new new base; do
+      tree=$([ $t = base ] && echo "$BASE" || echo .)
+      (cd "$tree" && TANDEM_ATTENTION=torch timeout 120 python3 bench/device/prefill_probe.py --reps 50 \
+        > "$OUT/prefill-$t-$SECONDS.log" 2>&1 && TANDEM_ATTENTION=torch timeout 150 python3 \
+        bench/device/serve_probe.py --concurrency 8 --num-prompts ${NUM:-384} --modes stagger \
+        > "$OUT/stagger-$t-$SECONDS.log" 2>&1)
+      echo "$t: $(grep -hE '^\{"prompts"|^\{"mode"' "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log | tail -5 | tr '\n' ' ')"
+      rm -f "$OUT"/prefill-$t-*.log.done; for f in "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log; do mv "$f" "$f.done"; done
+    done
+    for f in "$OUT"/*.done; do mv "$f" "${f%.done}"; done ;;
+  AI)
+    for t in ${ORDER:-base new}; do
+      tree=$([ $t = base ] && echo "$BASE" || echo .)
+      tag="$name-ab-$t-$SECONDS"
+      (cd "$tree" && timeout 280 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+        --gateways ${GATEWAYS:-2} --concurrency 8,64 --temperatures ${TEMPS:-0} --num-prompts ${NUM:-1024} \
+        --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
+        > "$OUT/$tag.log" 2>&1)
+      python3 - "$OUT/$tag.json" "$t" <<'PY'
+import json, sys
+keys = ("server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "ttft_ms_mean",
+        "latency_ms_mean", "batch_mean", "engine_ms.first", "engine_ms.life", "serve_rounds.run")
+for r in json.load(open(sys.argv[1])):
+    print(sys.argv[2], {k: r.get(k) for k in keys if k in r})
+PY
+      echo "$t done at $SECONDS s"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AE)
     timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1
     tail -15 "$OUT/$name-gpu-tests.log" ;;

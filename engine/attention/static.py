@@ -33,10 +33,15 @@ class StaticAttention:
     name = "static"
 
     def __init__(self, cache: PagedKVCache, num_heads: int, rows: int, q_len: int, max_blocks: int,
-                 scratch_block: int, use_kernel: bool | None = None) -> None:
-        """use_kernel: the Triton launch (None: when the cache is on CUDA; True on the CPU needs TRITON_INTERPRET)."""
+                 scratch_block: int, use_kernel: bool | None = None, own_keys: bool = False) -> None:
+        """use_kernel: the Triton launch (None: when the cache is on CUDA; True on the CPU needs TRITON_INTERPRET).
+        own_keys (the torch path): every row is a whole prompt from position 0, so its queries see exactly the keys
+        this forward writes: causal attention over those (flash), no gather of the cache's pages, no mask."""
         dev = cache.k.device
         self.fused_rotary = dev.type == "cuda" if use_kernel is None else use_kernel
+        if own_keys and self.fused_rotary:
+            raise ValueError("own_keys: the torch path's (use_kernel=False)")
+        self.own_keys = own_keys
         self.cache = cache
         self.num_heads = num_heads
         self.rows, self.q_len, self.max_blocks = rows, q_len, max_blocks
@@ -103,7 +108,8 @@ class StaticAttention:
         q_pos = self.kv_lens[:, None] + self._offsets[None, :] - 1                  # [B, Q]
         bs = self.cache.block_size
         self.slots = (self.block_table.gather(1, q_pos // bs) * bs + q_pos % bs).reshape(-1)  # [B*Q]
-        self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]       # [B, 1, Q, S]
+        if not self.own_keys:
+            self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]   # [B, 1, Q, S]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -116,8 +122,11 @@ class StaticAttention:
         self.cache.write(layer, self.slots, k, v)
         b, n, s = self.rows, self.q_len, self.max_tokens
         hkv, d = k.shape[1:]
+        qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
+        if self.own_keys:  # query j at position j sees keys 0 .. j, all written just now (padding comes after)
+            o = attend(qs, k.view(b, n, hkv, d).transpose(1, 2), v.view(b, n, hkv, d).transpose(1, 2), is_causal=True)
+            return o.transpose(1, 2).reshape(b * n, -1, d)
         keys = self.cache.k[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)    # [B, Hkv, S, D]
         values = self.cache.v[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)
-        qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
         o = attend(qs, keys, values, self.mask)
         return o.transpose(1, 2).reshape(b * n, -1, d)

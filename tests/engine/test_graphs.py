@@ -12,6 +12,7 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.graphs import PAD_SEQ
+from engine.prefill_graphs import OWN_KEYS
 from engine.runner import Chunk, ModelRunner
 from tests.conftest import make_decoder
 
@@ -94,7 +95,9 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
         assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
         torch.testing.assert_close(got.aux, want.aux, atol=1e-2, rtol=1e-3)
         assert static.length(seq) == eager.length(seq) == start + len(ids)
-    assert set(static.prefill_graphs._buckets) == {(1, 32, 512, aux, 0), (1, 64, 512, aux, 0), (1, 1024, 1024, aux, 0)}
+    # whole prompts attend to their own keys alone (OWN_KEYS); d's second chunk, from position 20, to the cache's
+    assert set(static.prefill_graphs._buckets) == {(1, 32, OWN_KEYS, aux, 0), (1, 64, OWN_KEYS, aux, 0),
+                                                   (1, 1024, OWN_KEYS, aux, 0), (1, 32, 512, aux, 0)}
     for seq in "abcd":  # the padding wrote no key a later query sees
         want, got = eager.run([Chunk(seq, [5])]), static.run([Chunk(seq, [5])])
         torch.testing.assert_close(got.logits, want.logits, **LOGIT_TOL)
@@ -138,7 +141,7 @@ def test_a_round_of_prompts_and_decode_rows_packs_the_prompts_into_prefill_graph
     # nine prompts: a replay of 8 rows and one of 1 (two replays), equal to eager
     nine = [Chunk(f"m{i}", list(range(50 + i, 80 + 3 * i))) for i in range(9)]
     torch.testing.assert_close(static.run(nine).logits, eager.run(nine).logits, **LOGIT_TOL)
-    assert (8, 64, 512, (), 0) in static.prefill_graphs._buckets
+    assert (8, 64, OWN_KEYS, (), 0) in static.prefill_graphs._buckets  # whole prompts: their own keys
     # more replays than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
     monkeypatch.setattr(engine.runner, "MAX_GRAPH_PREFILLS", 1)
     monkeypatch.setattr(static.prefill_graphs, "run", None)
