@@ -314,7 +314,7 @@ PY
         bench/device/serve_probe.py --concurrency 8 --num-prompts ${NUM:-384} --modes stagger \
         > "$OUT/stagger-$t-$SECONDS.log" 2>&1)
       echo "$t: $(grep -hE '^\{"prompts"|^\{"mode"' "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log | tail -5 | tr '\n' ' ')"
-      rm -f "$OUT"/prefill-$t-*.log.done; for f in "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log; do mv "$f" "$f.done"; done
+      for f in "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log; do mv "$f" "$f.done"; done
     done
     for f in "$OUT"/*.done; do mv "$f" "${f%.done}"; done ;;
   AI)
