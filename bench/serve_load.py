@@ -20,6 +20,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import random
+from queue import Empty
 import resource
 import threading
 import time
@@ -126,18 +127,34 @@ CONNECTIONS = 16  # a client process's gRPC connections at most (its streams sha
 
 # ---- client processes ---------------------------------------------------------------------------------------
 
-def _client(load: Load, prompts: list[list[int]], mine: list[int], start_at: float, offsets: list[float] | None,
+@dataclass(frozen=True)
+class _Gate:
+    """Every client process starts sending at one moment, once all of them are connected: a process that came up
+    late would otherwise leave the load short of its concurrency at the start (and alone at the end)."""
+
+    ready: object   # multiprocessing Queue: one item per process ready to send
+    go: object      # multiprocessing Event: set once every process is ready
+    start: object   # multiprocessing Value('d'): the monotonic time the load starts at, set before ``go``
+
+    def wait(self) -> float:
+        """This process is ready; block until every one is -> the start time."""
+        self.ready.put(1)
+        self.go.wait()
+        return self.start.value
+
+
+def _client(load: Load, prompts: list[list[int]], mine: list[int], gate: _Gate, offsets: list[float] | None,
             streams: int, out) -> None:
     """One client process: its requests ``mine`` on ``streams`` concurrent streams (fixed concurrency), or each at
-    its Poisson offset from ``start_at``; grpc on one event loop, openai on threads."""
+    its Poisson offset from the start; grpc on one event loop, openai on threads."""
     queue = list(mine)
     width = streams if offsets is None else len(mine)
     if load.protocol == "grpc":
         import asyncio
 
-        results, cpu = asyncio.run(_grpc_streams(load, prompts, queue, start_at, offsets, width))
+        results, cpu = asyncio.run(_grpc_streams(load, prompts, queue, gate, offsets, width))
     else:
-        results, cpu = _threads(load, prompts, queue, start_at, offsets, width)
+        results, cpu = _threads(load, prompts, queue, gate, offsets, width)
     out.put(([vars(r) for r in results], cpu))
 
 
@@ -146,7 +163,7 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], start_at: float,
+async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], gate: _Gate,
                         offsets: list[float] | None, width: int) -> tuple[list[Result], float]:
     import asyncio
 
@@ -164,6 +181,8 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
             await channel.channel_ready()
             stubs.append(gateway_pb2_grpc.GatewayStub(channel))
 
+        start_at = gate.wait()  # every process connected (nothing else runs on this loop yet: blocking is fine)
+
         async def stream(stub) -> None:
             while queue:
                 i = queue.pop(0)
@@ -177,9 +196,10 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
         return results, _cpu_s() - before
 
 
-def _threads(load: Load, prompts: list[list[int]], queue: list[int], start_at: float, offsets: list[float] | None,
+def _threads(load: Load, prompts: list[list[int]], queue: list[int], gate: _Gate, offsets: list[float] | None,
              width: int) -> tuple[list[Result], float]:
     results, lock = [], threading.Lock()
+    start_at = gate.wait()
 
     def worker() -> None:
         while True:
@@ -217,14 +237,23 @@ def run_load(load: Load, prompts: list[list[int]]) -> dict:
             t += rng.expovariate(load.rate)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.monotonic() + 2.0 + 0.5 * procs  # every client started and connected before the first send
+    gate = _Gate(ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0))
     workers = []
     for p in range(procs):
         mine = list(range(p, n, procs))
         streams = load.concurrency // procs + (p < load.concurrency % procs)
-        workers.append(ctx.Process(target=_client, args=(load, prompts, mine, start_at, offsets, streams, out)))
+        workers.append(ctx.Process(target=_client, args=(load, prompts, mine, gate, offsets, streams, out)))
     for w in workers:
         w.start()
+    for _ in workers:  # every client started and connected before the first send
+        try:
+            gate.ready.get(timeout=120)
+        except Empty:
+            for w in workers:
+                w.kill()
+            raise RuntimeError("bench: a load client process did not come up in 120 s") from None
+    gate.start.value = time.monotonic() + 0.05
+    gate.go.set()
     results, cpu_s = [], 0.0
     for _ in workers:
         rs, cpu = out.get()
@@ -258,6 +287,8 @@ def summarize(load: Load, results: list[Result], cpu_s: float, procs: int) -> di
             "itl_ms_p50": ms(itl, 50), "itl_ms_p99": ms(itl, 99),
             # means: what a closed loop's throughput follows (concurrency / mean latency requests a second)
             "ttft_ms_mean": mean_ms(ttft), "itl_ms_mean": mean_ms(itl), "latency_ms_mean": mean_ms(latency),
+            # the requests in flight on average over the run (at most the concurrency: less while it ramps and drains)
+            "in_flight_mean": round(sum(latency) / wall, 2),
             "acceptance_length": round(sum(acc) / len(acc), 3) if acc else None,
             "client_processes": procs, "client_cpu_s": round(cpu_s, 2),
             # of the client processes' available CPU over the run: near 100% would mean the client limits the number

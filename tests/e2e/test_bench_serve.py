@@ -39,6 +39,7 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         assert 0 <= r["engine_ms.queued"] and 0 < r["engine_ms.first"] < r["engine_ms.life"]
         assert r["engine_ms.queued"] + r["engine_ms.life"] < r["latency_ms_mean"]
         assert r["ttft_ms_mean"] < r["latency_ms_mean"] and r["itl_ms_mean"] > 0
+        assert 0 < r["in_flight_mean"] <= r["concurrency"]
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
             rel=1e-2)
