@@ -330,7 +330,10 @@ import json, sys
 keys = ("server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "ttft_ms_mean",
         "latency_ms_mean", "batch_mean", "engine_ms.first", "engine_ms.life", "serve_rounds.run")
 for r in json.load(open(sys.argv[1])):
-    print(sys.argv[2], {k: r.get(k) for k in keys if k in r})
+    row = {k: r.get(k) for k in keys if k in r}
+    if r.get("latency_ms_mean"):  # requests in flight on average (Little's law)
+        row["in_flight"] = round(r["requests_per_s"] * r["latency_ms_mean"] / 1e3, 1)
+    print(sys.argv[2], row)
 PY
       echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
