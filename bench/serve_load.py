@@ -181,7 +181,7 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
             await channel.channel_ready()
             stubs.append(gateway_pb2_grpc.GatewayStub(channel))
 
-        start_at = gate.wait()  # every process connected (nothing else runs on this loop yet: blocking is fine)
+        start_at = await asyncio.to_thread(gate.wait)  # every process connected (the loop goes on serving gRPC)
 
         async def stream(stub) -> None:
             while queue:

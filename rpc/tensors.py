@@ -3,37 +3,26 @@
 from __future__ import annotations
 
 import math
-import sys
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from protos.tandem.v1 import common_pb2
 
-if TYPE_CHECKING:
-    import torch
-
-# torch is imported only where a torch tensor is asked for: a client that sends token ids (bench/serve_load.py's
-# processes) never pays its import
 _NUMPY = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+_TORCH = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "uint8": torch.uint8}
 _ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
-
-
-def _torch_dtype(name: str) -> "torch.dtype":
-    import torch
-
-    return getattr(torch, name)
 
 
 def encode(value, dtype: str | None = None) -> common_pb2.Tensor:
     """A list, numpy array or torch tensor -> Tensor (bfloat16 only from torch)."""
-    torch = sys.modules.get("torch")  # a torch tensor exists only where torch was imported
-    if torch is not None and isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):
         t = value.detach().to("cpu").contiguous()
         if dtype is not None:
-            t = t.to(_torch_dtype(dtype))
+            t = t.to(_TORCH[dtype])
         name = str(t.dtype).removeprefix("torch.")
-        if name not in _ITEMSIZE:
+        if name not in _TORCH:
             raise ValueError(f"tensor dtype {name} cannot cross the wire")
         data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return common_pb2.Tensor(dtype=name, shape=list(t.shape), data=data)
@@ -63,13 +52,11 @@ def to_numpy(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = tuple(
     return np.frombuffer(t.data, dtype=np.dtype(_NUMPY[t.dtype]).newbyteorder("<")).reshape(tuple(t.shape))
 
 
-def to_torch(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = tuple(_ITEMSIZE),
-             ndim: int | None = None, device: "str | torch.device" = "cpu") -> "torch.Tensor":
-    import torch
-
+def to_torch(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = tuple(_TORCH),
+             ndim: int | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
     _check(t, field, allowed, ndim)
     raw = torch.frombuffer(bytearray(t.data), dtype=torch.uint8) if t.data else torch.empty(0, dtype=torch.uint8)
-    return raw.view(_torch_dtype(t.dtype)).reshape(tuple(t.shape)).to(device)
+    return raw.view(_TORCH[t.dtype]).reshape(tuple(t.shape)).to(device)
 
 
 def token_ids(t: common_pb2.Tensor, field: str) -> list[int]:
