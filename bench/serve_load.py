@@ -20,10 +20,10 @@ import contextlib
 import json
 import multiprocessing as mp
 import random
-from queue import Empty
 import resource
 import threading
 import time
+from queue import Empty
 from dataclasses import dataclass, field
 
 from bench.timing import percentile

@@ -175,8 +175,8 @@ def add_ratios(rows: list[dict]) -> None:
 def markdown(rows: list[dict]) -> str:
     cols = ["server", "tracing", "gateways", "concurrency", "temperature", "client_processes", "tokens_per_s",
             "served_vs_in_process", "vs_vllm", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
-            "latency_ms_mean", "acceptance_length", "rows_per_round", "batch_mean", "gateway_cpu_ms_per_round", "completed", "requests",
-            "client_cpu_pct"]
+            "latency_ms_mean", "acceptance_length", "rows_per_round", "batch_mean", "gateway_cpu_ms_per_round",
+            "completed", "requests", "client_cpu_pct"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

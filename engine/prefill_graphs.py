@@ -8,9 +8,9 @@ a chunk of n tokens appended at position ``start`` takes a row of Q tokens, the 
 them), through the static attention's torch path (gathered keys of its own row, a causal mask:
 every real query sees exactly what it sees eagerly; the padding queries come after all of them, so
 none sees a padding key; where every row is a whole prompt, from position 0, the bucket's context is
-``OWN_KEYS``: each row attends causally to the keys it writes, with no gather and no mask, which is a
-third of a lone prompt's GPU time less on an H200). Padding keys land past the sequence's length, in its own last block or in
-the scratch block that pads its table, where the next tokens overwrite them; unused rows run wholly
+``OWN_KEYS``: each row attends causally to the keys it writes, with no gather and no mask, a third
+less of a lone prompt's GPU time on an H200). Padding keys land past the sequence's length, in its
+own last block or in the scratch block that pads its table, where the next tokens overwrite them; unused rows run wholly
 in the scratch block. One replay costs about what a lone prompt's does (the kernels are small), so
 a round of new prompts (a wave of arrivals at a served batch) pays once, not once per prompt. Only
 each row's last ``num_logits`` real tokens go through the LM head (row indices are an input buffer),

@@ -79,7 +79,8 @@ def snapshot(engine, loop: RoundLoop) -> dict[str, Any]:
     dec = engine.decoder
     out = {"stats": engine.stats(), "fast_path_exits": engine.fast_path_exits(), "rows": engine.rows(),
            "fused_rounds": engine.fused_rounds(), "serve_seconds": loop.seconds(), "serve_rounds": loop.rounds,
-           "serve_row_s": loop.row_seconds, "serve_lives": dict(loop.lives.sums), "prefill_chunks": engine.prefill_chunks}
+           "serve_row_s": loop.row_seconds, "serve_lives": dict(loop.lives.sums),
+           "prefill_chunks": engine.prefill_chunks}
     if dec.fast.policy is not None:
         out["spec_k"] = dec.fast.policy.last_k
     if isinstance(dec.drafter, RemoteDrafter):  # a drafter service this verifier calls (--direct-drafter-address)

@@ -85,7 +85,8 @@ async def serve(settings: VerifierSettings) -> None:
     for phase in ("round", "between", "idle"):
         serve_seconds.labels(phase).set_function(lambda phase=phase: engine.snapshot()["serve_seconds"][phase])
     Gauge("tandem_verifier_serve_row_seconds", "verifier: requests x seconds of the Serve rounds so far (over "
-          "tandem_verifier_serve_seconds{phase=\"round\"}: the mean batch a round ran)").set_function(read("serve_row_s"))
+          "tandem_verifier_serve_seconds{phase=\"round\"}: the mean batch a round ran)").set_function(
+        read("serve_row_s"))
     engine_counter("tandem_verifier_serve_requests", "verifier: Serve requests that ran to their end", "outcome",
                    lambda: {"finished": engine.snapshot()["serve_lives"]["requests"]})
     lives = Gauge("tandem_verifier_serve_request_seconds", "verifier: the Serve requests' time in the engine so far, "
