@@ -39,19 +39,29 @@ def _params(i: int, max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
 
 
+def _add(dec, prompts, todo, n: int, max_tokens: int) -> None:
+    """The next n prompts of ``todo`` (an iterator of indices) queued."""
+    for j in itertools.islice(todo, n):
+        dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+
+
+def _take(dec, outs, prompts, todo, max_tokens: int) -> int:
+    """A step's tokens; each request that finished sends its stream's next prompt."""
+    tokens = 0
+    for o in outs:
+        tokens += len(o.new_token_ids)
+        if o.finished:
+            _add(dec, prompts, todo, 1, max_tokens)
+    return tokens
+
+
 def run_step(dec, prompts, c, max_tokens):
     todo = iter(range(len(prompts)))
     tokens = rounds = 0
-    for j in itertools.islice(todo, c):
-        dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+    _add(dec, prompts, todo, c, max_tokens)
     while dec.has_unfinished():
-        outs = dec.step()
+        tokens += _take(dec, dec.step(), prompts, todo, max_tokens)
         rounds += 1
-        for o in outs:
-            tokens += len(o.new_token_ids)
-            if o.finished:
-                for j in itertools.islice(todo, 1):
-                    dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
     return tokens, rounds
 
 
@@ -83,24 +93,18 @@ def run_parts(dec, prompts, c, max_tokens, stagger=False):
     todo = iter(range(len(prompts)))
     tokens = rounds = 0
     late = c - 1 if stagger else 0
-    for j in itertools.islice(todo, c - late):
-        dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+    _add(dec, prompts, todo, c - late, max_tokens)
     while dec.has_unfinished():
-        if late:
-            late -= 1
-            for j in itertools.islice(todo, 1):
-                dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
         before = sch.rows["prefill"]
         spent.clear()
         t = time.perf_counter()
         outs = dec.step()
         spent["step"] = time.perf_counter() - t
         rounds += 1
-        for o in outs:
-            tokens += len(o.new_token_ids)
-            if o.finished:
-                for j in itertools.islice(todo, 1):
-                    dec.add_request(list(prompts[j]), _params(j, max_tokens), request_id=f"p-{j}")
+        tokens += _take(dec, outs, prompts, todo, max_tokens)
+        if late:  # the first c requests, one a step
+            late -= 1
+            _add(dec, prompts, todo, 1, max_tokens)
         prefill = sch.rows["prefill"] > before
         counts[prefill] += 1
         for key, v in spent.items():
