@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from engine.attention.base import AttentionMetadata
@@ -68,3 +69,48 @@ def test_rollback_then_rewrite():
     cache.allocator.truncate("x", 5)
     out = run(backend, cache, {"x": (q, k, v)}, [("x", 5, 10)])
     torch.testing.assert_close(out, dense_attention(q, k, v)[5:10])
+
+
+def test_whole_prompts_attending_to_their_own_keys_equal_the_gathered_pages():
+    """StaticAttention(own_keys=True) (a prefill-graph bucket of whole prompts): each padded row attends causally to
+    the keys it writes, no gather; its real queries get what the gathered pages and a mask give, the padding rows
+    (after every real token, and a row of scratch) change nothing, and the KV it writes decodes on exactly."""
+    from engine.attention.static import StaticAttention
+
+    torch.manual_seed(0)
+    rows, q_len, lens = 3, 8, {"a": 5, "b": 7}  # the third row is padding
+    seqs = {s: (torch.randn(n + 1, HQ, D), torch.randn(n + 1, HKV, D), torch.randn(n + 1, HKV, D))
+            for s, n in lens.items()}
+    ref = {s: dense_attention(*t) for s, t in seqs.items()}
+
+    def padded(i: int) -> torch.Tensor:  # [rows * q_len, H, D]: each prompt, then random padding
+        parts = []
+        for s in ("a", "b", None):
+            n = lens.get(s, 0)
+            h = HQ if i == 0 else HKV
+            parts += ([seqs[s][i][:n]] if n else []) + [torch.randn(q_len - n, h, D)]
+        return torch.cat(parts)
+
+    q, k, v = padded(0), padded(1), padded(2)
+    outs = {}
+    for own in (True, False):
+        cache = PagedKVCache(1, HKV, D, num_tokens=128, block_size=BS, dtype=torch.float32, device="cpu")
+        alloc = cache.allocator
+        alloc.extend("pad", 1)
+        for s, n in lens.items():
+            alloc.extend(s, n)
+        attn = StaticAttention(cache, HQ, rows, q_len, max_blocks=q_len // BS if own else 64 // BS,
+                               scratch_block=alloc.block_table("pad")[0], use_kernel=False, own_keys=own)
+        attn.set_rows([alloc.block_table(s) for s in lens], [q_len] * len(lens))
+        attn.prepare()
+        outs[own] = out = attn.forward(0, q, k, v)
+        for i, (s, n) in enumerate(lens.items()):
+            torch.testing.assert_close(out[i * q_len: i * q_len + n], ref[s][:n])
+        # the next token of each, decoded over what the bucket wrote (its padding keys past the length unseen)
+        backend = TorchAttention(cache, HQ)
+        got = run(backend, cache, seqs, [(s, n, n + 1) for s, n in lens.items()])
+        torch.testing.assert_close(got, torch.cat([ref[s][n:n + 1] for s, n in lens.items()]))
+    real = torch.cat([torch.arange(i * q_len, i * q_len + n) for i, n in enumerate(lens.values())])
+    torch.testing.assert_close(outs[True][real], outs[False][real])
+    with pytest.raises(ValueError, match="own_keys"):  # the Triton launch reads the cache itself
+        StaticAttention(cache, HQ, rows, q_len, 2, 0, use_kernel=True, own_keys=True)
