@@ -154,8 +154,10 @@ class PrefillGraphs:
     def _build(self, rows: int, q: int, ctx: int, aux_layers: tuple[int, ...], features: int) -> _PrefillBucket:
         r = self.runner
         dev = r.device
-        attn = StaticAttention(r.cache, r.model.config.num_heads, rows, q, -(-(ctx or q) // r.cache.block_size),
-                               self.scratch_block, use_kernel=False, own_keys=ctx == OWN_KEYS)
+        own = ctx == OWN_KEYS  # its rows' tables need only the blocks their q tokens take
+        blocks = -(-(q if own else ctx) // r.cache.block_size)
+        attn = StaticAttention(r.cache, r.model.config.num_heads, rows, q, blocks, self.scratch_block,
+                               use_kernel=False, own_keys=own)
         b = _PrefillBucket(attn, aux_layers, torch.zeros(rows * q, dtype=torch.long, device=dev),
                            torch.zeros(rows, dtype=torch.long, device=dev),
                            torch.zeros(rows * self.max_logits, dtype=torch.long, device=dev),

@@ -84,6 +84,19 @@ name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
   for _ in $(seq 900); do grep -q "measuring tandem-colocated at concurrency 64" "$1" 2>/dev/null && break; sleep 0.3
   done; sleep 3; }
+show() {  # results.json tag: each row's load, throughput and where its requests' time went (AF, AI)
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+keys = ("server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "ttft_ms_mean", "itl_ms_mean",
+        "latency_ms_mean", "batch_mean", "rows_per_round", "engine_ms.queued", "engine_ms.first", "engine_ms.life",
+        "serve_rounds.run")
+for r in json.load(open(sys.argv[1])):
+    row = {k: r[k] for k in keys if k in r}
+    if r.get("latency_ms_mean"):  # requests in flight on average (Little's law)
+        row["in_flight"] = round(r["requests_per_s"] * r["latency_ms_mean"] / 1e3, 1)
+    print(sys.argv[2], row)
+PY
+}
 spy() {  # pid out-name flags...: 3 s of py-spy's raw stacks into $OUT/pyspy-<out-name>.txt
   local pid=$1 out=$2; shift 2
   py-spy record -d 3 -f raw -o "$OUT/pyspy-$out.txt" --pid "$pid" "$@" >> "$OUT/spy.log" 2>&1; }
@@ -287,15 +300,7 @@ case "${PART:-A}" in
       --gateways ${GATEWAYS:-2} --concurrency 8,64 --temperatures ${TEMPS:-0} --num-prompts ${NUM:-1024} \
       --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
       > "$OUT/$name-lives.log" 2>&1
-    python3 - "$OUT/$name-lives.json" <<'PY'
-import json, sys
-keys = ("server", "concurrency", "tokens_per_s", "served_vs_in_process", "ttft_ms_p50", "ttft_ms_mean", "itl_ms_mean",
-        "latency_ms_mean", "batch_mean", "rows_per_round", "engine_ms.queued", "engine_ms.first", "engine_ms.life",
-        "serve_s.round", "serve_rounds.run")
-for r in json.load(open(sys.argv[1])):
-    print({k: r.get(k) for k in keys if k in r})
-PY
-    rm -f "$OUT"/*.png ;;
+    show "$OUT/$name-lives.json" lives; rm -f "$OUT"/*.png ;;
   AG)
     if [ -n "$PREFILL" ]; then
       TANDEM_ATTENTION=torch timeout 200 python3 bench/device/prefill_probe.py > "$OUT/$name-prefill.log" 2>&1
@@ -309,14 +314,12 @@ PY
   AH)
     for t in base new new base; do
       tree=$([ $t = base ] && echo "$BASE" || echo .)
+      pre="$OUT/prefill-$t-$SECONDS.log" stag="$OUT/stagger-$t-$SECONDS.log"
       (cd "$tree" && TANDEM_ATTENTION=torch timeout 120 python3 bench/device/prefill_probe.py --reps 50 \
-        > "$OUT/prefill-$t-$SECONDS.log" 2>&1 && TANDEM_ATTENTION=torch timeout 150 python3 \
-        bench/device/serve_probe.py --concurrency 8 --num-prompts ${NUM:-384} --modes stagger \
-        > "$OUT/stagger-$t-$SECONDS.log" 2>&1)
-      echo "$t: $(grep -hE '^\{"prompts"|^\{"mode"' "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log | tail -5 | tr '\n' ' ')"
-      for f in "$OUT"/prefill-$t-*.log "$OUT"/stagger-$t-*.log; do mv "$f" "$f.done"; done
-    done
-    for f in "$OUT"/*.done; do mv "$f" "${f%.done}"; done ;;
+        > "$pre" 2>&1 && TANDEM_ATTENTION=torch timeout 150 python3 \
+        bench/device/serve_probe.py --concurrency 8 --num-prompts ${NUM:-384} --modes stagger > "$stag" 2>&1)
+      echo "$t: $(grep -hE '^\{"prompts"|^\{"mode"' "$pre" "$stag" | tr '\n' ' ')"
+    done ;;
   AI)
     for t in ${ORDER:-base new}; do
       tree=$([ $t = base ] && echo "$BASE" || echo .)
@@ -325,16 +328,7 @@ PY
         --gateways ${GATEWAYS:-2} --concurrency 8,64 --temperatures ${TEMPS:-0} --num-prompts ${NUM:-1024} \
         --max-tokens 128 --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
         > "$OUT/$tag.log" 2>&1)
-      python3 - "$OUT/$tag.json" "$t" <<'PY'
-import json, sys
-keys = ("server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "ttft_ms_mean",
-        "latency_ms_mean", "batch_mean", "engine_ms.first", "engine_ms.life", "serve_rounds.run")
-for r in json.load(open(sys.argv[1])):
-    row = {k: r.get(k) for k in keys if k in r}
-    if r.get("latency_ms_mean"):  # requests in flight on average (Little's law)
-        row["in_flight"] = round(r["requests_per_s"] * r["latency_ms_mean"] / 1e3, 1)
-    print(sys.argv[2], row)
-PY
+      show "$OUT/$tag.json" "$t"
       echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AE)

@@ -12,9 +12,9 @@ it, or it is *dropped*: by ``take`` on any other difference, or by ``expect`` wh
 run other rows (one that still runs goes elsewhere, one enters a speculative graph). Rows arriving beside it
 (prefills, run in an eager round) do not drop it; on a plain graph they *join* the chain the round after
 (``FusedRounds.run``: the round launched then holds them too). A dropped launch is never read: the KV blocks it
-held past each row's length go back to their allocators (no other forward may see them), and its sampled rows' drafter draws are rewound
-(their next round draws what it drew). A finished row's blocks went back when it finished: the GPU runs the
-launch before anything enqueued later can reuse them.
+held past each row's length go back to their allocators (no other forward may see them), and its sampled rows'
+drafter draws are rewound (their next round draws what it drew). A finished row's blocks went back when it
+finished: the GPU runs the launch before anything enqueued later can reuse them.
 """
 
 from __future__ import annotations
