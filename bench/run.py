@@ -171,9 +171,9 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size), "policy": _policy(decoder, case.batch_size),
             "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, launched ahead but dropped unread (wasted), and launched
-            # ahead without rows that had finished (compacted)
+            # ahead without rows that had finished (compacted); rows that joined a chain of rounds launched ahead
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
-            "rounds_compacted": sum(f.compacted for f in fused),
+            "rounds_compacted": sum(f.compacted for f in fused), "rows_joined": sum(f.joined for f in fused),
             "fused_rounds_run": sum(f.rounds for f in fused),
             "batch_size": case.batch_size, "admission": case.admission,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,

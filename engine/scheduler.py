@@ -246,12 +246,11 @@ class Scheduler:
             else:
                 eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
                                                  num_draft=row.k, item=_first(it, row.k)))
-        # the next round launched now unless both graphs run, or rows run eagerly beside a speculative graph (a
-        # prefill now enters it next round: a chain of speculative rounds takes no new row); a plain graph's chain
-        # takes them (FusedRounds.run: they join it). Requests waiting to be admitted do not stop it: their
-        # prefill runs beside the round launched ahead
-        on_graph = self.fast.fused if fused else self.fast.fused_plain
-        ahead = not ((eager and not (on_graph is not None and on_graph.joins)) or (fused and plan.fused_plain))
+        # the next round launched now unless both graphs run: rows running eagerly beside it (prefills) join its
+        # chain later (FusedRounds.run: a plain graph's the round after, a speculative graph's once the drafter
+        # made their first drafts). Requests waiting to be admitted do not stop it either: their prefill runs
+        # beside the round launched ahead
+        ahead = not (fused and plan.fused_plain)
         settled = RoundPlan(tuple(fused), plan.fused_plain, tuple(eager), (), ahead)
         self._count_rows(settled)
         return settled

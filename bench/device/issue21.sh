@@ -38,8 +38,8 @@
 #    then BASE=path's tree and NEW=path's tree (default: this one) in turn, REPS (default 2) times each (ABBA):
 #    bench-serve co-located at c 8 and 64 greedy over NUM (default 384) prompts, beside the in-process engine.
 #    GATEWAYS=N: the stacks with N gateway processes (trees from df9c163 on). KIND=inproc: tandem bench instead, bs
-#    BS (default 1,4,16,64) greedy, DRAFTS (default none,auto,ngram), speculation at every size, NUM prompts
-#    (default 128).
+#    BS (default 1,4,16,64), TEMPS (default 0), DRAFTS (default none,auto,ngram), speculation at every size, NUM
+#    prompts (default 128), ADMISSION (waves, continuous; trees from 6eb199d on), TO seconds a run (default 150).
 # Q: where a served round's time goes against an in-process one, this tree: the in-process engine at batch 64 (512
 #    HumanEval prompts, greedy) under py-spy record (--threads --idle, raw); then the co-located stack at c 64 over
 #    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
@@ -415,11 +415,18 @@ case "${PART:-A}" in
         --device cuda --out-dir "$OUT" ${GATEWAYS:+--gateways $GATEWAYS} > "$OUT/$2.log" 2>&1)
       grep -E '^\{' "$OUT/$2.log" | cut -c1-160; }
     inproc() {  # tree tag
-      (cd "$1" && timeout 150 python3 -m cli.main bench --name "$2" --dataset humaneval --num-prompts ${NUM:-128} \
-        --batch-sizes ${BS:-1,4,16,64} --drafts ${DRAFTS:-none,auto,ngram} --baselines none --temperatures 0 \
-        --spec-max-batch 64 \
+      (cd "$1" && timeout ${TO:-150} python3 -m cli.main bench --name "$2" --dataset humaneval --num-prompts ${NUM:-128} \
+        --batch-sizes ${BS:-1,4,16,64} --drafts ${DRAFTS:-none,auto,ngram} --baselines none --temperatures ${TEMPS:-0} \
+        --spec-max-batch 64 --admission ${ADMISSION:-waves} \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$2.log" 2>&1)
-      grep -E '^\|' "$OUT/$2.md" | cut -d'|' -f2,4,8,10 | tr '\n' ';'; echo; }
+      python3 - "$OUT/$2.json" <<'PY'
+import json, sys
+keys = ("engine", "batch_size", "admission", "temperature", "tokens_per_s", "speedup_vs_plain", "acceptance_length",
+        "rounds_ahead", "fused_rounds_run", "rows_joined", "rounds_dropped")
+for r in json.load(open(sys.argv[1])):
+    print(" ".join(str(r.get(k, "-")) for k in keys))
+PY
+    }
     run=$([ "${KIND:-serve}" = inproc ] && echo inproc || echo serve)
     if [ "$run" = serve ]; then NUM=64 serve "${NEW:-.}" warmup; else NUM=16 inproc "${NEW:-.}" warmup; fi
     rm -f "$OUT"/warmup.*; echo "warm-up done at $SECONDS s"

@@ -10,8 +10,9 @@ The next round either *takes* it (``take``: the same rows, at the same lengths, 
 drafts; rows that finished since it was launched may be missing: their outputs are not read) and only reads
 it, or it is *dropped*: by ``take`` on any other difference, or by ``expect`` when the scheduler is about to
 run other rows (one that still runs goes elsewhere, one enters a speculative graph). Rows arriving beside it
-(prefills, run in an eager round) do not drop it; on a plain graph they *join* the chain the round after
-(``FusedRounds.run``: the round launched then holds them too). A dropped launch is never read: the KV blocks it
+(prefills, run in an eager round) do not drop it; they *join* the chain later (``FusedRounds.run``: the round
+launched then holds them too): on a plain graph the round after, on a speculative one the round the drafter made
+their first drafts in. A dropped launch is never read: the KV blocks it
 held past each row's length go back to their allocators (no other forward may see them), and its sampled rows'
 drafter draws are rewound (their next round draws what it drew). A finished row's blocks went back when it
 finished: the GPU runs the launch before anything enqueued later can reuse them.
@@ -49,9 +50,8 @@ class Launch:
 
 
 class LaunchedAhead:
-    def __init__(self, target: "BlockAllocator", joins: bool = False) -> None:
+    def __init__(self, target: "BlockAllocator") -> None:
         self.target = target
-        self.joins = joins  # rows may join the chain (plain graphs): rows arriving do not drop the launch
         self.launch: Launch | None = None
         self.dropped = 0  # launches whose rows did not come back as they were (wasted, never read)
 
@@ -89,12 +89,11 @@ class LaunchedAhead:
 
     def expect(self, rows: tuple[str, ...]) -> None:
         """Before a round's rows are chosen to run anywhere: unless the launch runs these requests next (and
-        only requests that finished besides; where rows may join, rows it does not hold join it), drop it."""
+        only requests that finished besides; rows it does not hold join it), drop it."""
         if self.launch is None:
             return
-        if self.joins:
-            held = set(self.launch.rows)
-            rows = tuple(rid for rid in rows if rid in held)
+        held = set(self.launch.rows)  # rows it does not hold join it
+        rows = tuple(rid for rid in rows if rid in held)
         if self._index(self.launch, rows) is None:
             self._drop(self.launch)
             self.launch = None

@@ -99,8 +99,7 @@ class RoutedRow:
 class RoundPlan:
     """One round's rows by executor, each row with its reason. ``entering`` is empty once the drafter's drafts
     are in (``Scheduler.settle``); ``launch_ahead``: the graph may launch its next round before this one is
-    read (the same rows will come back, but for those that finish and, on a plain graph, those joining it; one
-    graph runs, and no row runs eagerly beside a speculative one)."""
+    read (the same rows will come back, but for those that finish and those joining it; one graph runs)."""
 
     fused: tuple[RoutedRow, ...] = ()
     fused_plain: tuple[RoutedRow, ...] = ()

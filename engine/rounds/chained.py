@@ -13,9 +13,10 @@ keep a chain of rounds what the host would have launched:
   chain; the live rows' buffers move up, in the host's order, into this graph or a smaller bucket's, and the
   rows after them become padding (KV length k + 1 in the scratch block, as a bucket's padding rows are). So a
   row finishing does not stop the chain either.
-- ``enter`` (outside, after ``compact``; plain graphs): rows whose prompt ran beside the round in flight join
-  the chain: their inputs and KV lengths, known on the host, go into the rows after the live ones. So a row
-  arriving does not stop the chain.
+- ``enter`` (outside, after ``compact``): rows not in the round in flight join the chain (a plain graph's whose
+  prompt ran beside it; a speculative graph's whose first drafts the drafter made this round): their inputs, KV
+  lengths and room, known on the host, go into the rows after the live ones. So a row arriving does not stop
+  the chain.
 """
 
 from __future__ import annotations
@@ -95,9 +96,13 @@ def enter(inputs: torch.Tensor,            # [R, k+2] long: the destination grap
           kv_lens: torch.Tensor,           # [R] long, rows [at, at + n) written
           rows: Sequence[Sequence[int]],   # [n][k+2] each joining row's t0, drafts and how many to verify
           lengths: Sequence[int],          # [n] each joining row's L (its committed tokens but t0)
-          at: int) -> None:
+          at: int,
+          room: torch.Tensor | None = None,  # [R] long (graphs that count down, k > 0), rows [at, at + n) written
+          rooms: Sequence[int] = ()) -> None:  # [n] the tokens each joining row may still commit
     """Joining rows' inputs, from the host, after the live rows' (in stream order after the round in flight)."""
     n, k = len(rows), inputs.shape[1] - 2
     inputs[at: at + n].copy_(torch.tensor(rows, dtype=torch.long).view(n, k + 2), non_blocking=True)
     kv_lens[at: at + n].copy_(torch.tensor([length + k + 1 for length in lengths], dtype=torch.long),
                               non_blocking=True)
+    if room is not None:
+        room[at: at + n].copy_(torch.tensor(list(rooms), dtype=torch.long), non_blocking=True)

@@ -112,8 +112,10 @@ class FastPath:
             fused_rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, row.num_draft, q, r.draws,
                                        r.room()))
         results = graph.run(fused_rows, ahead)
-        for row, res in zip(rows, results):
-            if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round
+        for row, fused_row, res in zip(rows, fused_rows, results):
+            if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round, verifying
+                if graph.k:  # the drafts it carries now (where that round is dropped, the host's launch does)
+                    self.next_drafts[row.request_id] = NextDrafts(list(fused_row.drafts), fused_row.q)
                 continue
             if not row.request.params.greedy:  # a draw a forward: a plain round's, one a token
                 row.request.draws += 1 if graph.k else len(res.committed)

@@ -90,7 +90,7 @@ class FusedRounds:
         self._pad_inputs = torch.tensor([0] * (k + 1) + [k], dtype=torch.long, device=target.device)  # padding row
         self._graphs: dict[tuple[int, int, Mode], RoundGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self.ahead = LaunchedAhead(alloc, joins=k == 0)  # the next round, launched before the last one was read
+        self.ahead = LaunchedAhead(alloc)  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
@@ -102,11 +102,6 @@ class FusedRounds:
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
         self.compacted = 0  # rounds launched ahead without the rows that had finished (engine/rounds/chained.py)
         self.joined = 0  # rows that joined a chain of rounds launched ahead (their prompt ran beside it)
-
-    @property
-    def joins(self) -> bool:
-        """Whether rows arriving join its chain of rounds launched ahead (a plain graph) rather than stopping it."""
-        return self.ahead.joins
 
     @property
     def dropped(self) -> int:
@@ -127,9 +122,10 @@ class FusedRounds:
         """One round for these rows. ``ahead``: the caller means to run the same rows again next (nothing
         waits to join them), so where they qualify (``_chains``) the next round is launched before this one
         is read, with its inputs (last committed token, next drafts, KV lengths) chained on the device; the
-        host's work on this round's output then overlaps the GPU's next round. On a plain graph, rows the round
-        launched ahead does not hold (their prompt ran beside it) *join* the chain (``_joining``): they run
-        from the round launched now, and get None this round."""
+        host's work on this round's output then overlaps the GPU's next round. Rows the round launched ahead
+        does not hold (their prompt ran beside it; on a speculative graph, their first drafts came from the
+        drafter this round) *join* the chain (``_joining``): they run from the round launched now, and get None
+        this round."""
         lengths = [len(r.token_ids) - 1 for r in rows]  # L: everything but t0 is in the target's KV
         joining = self._joining(rows, lengths, ahead)
         if not joining:
@@ -189,13 +185,13 @@ class FusedRounds:
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
                  ) -> tuple["RoundGraph", list[int], list[int]] | None:
-        """Rows joining the chain this round: on a plain graph, the rows the round launched ahead does not hold,
+        """Rows joining the chain this round: the rows the round launched ahead does not hold,
         where it runs every other row as it is and the next round, of all of them, can be launched now into a
         graph already built (its rows bucket, a context bucket for the longest, their sampling mode); that graph,
         the other rows' positions and theirs. None: every row runs this round (the launch, if any, is taken or
         dropped)."""
         launch = self.ahead.launch
-        if not (ahead and self.ahead.joins and launch is not None and launch.lengths is not None):
+        if not (ahead and launch is not None and launch.lengths is not None):
             return None
         held = set(launch.rows)
         kept = [i for i, r in enumerate(rows) if r.request_id in held]
@@ -290,7 +286,8 @@ class FusedRounds:
         if entering:
             pad = [PLACEHOLDER_TOKEN_ID] * k
             enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
-                                             for r in entering], entering_lengths, len(rows))
+                                             for r in entering], entering_lengths, len(rows),
+                  g.room, [r.room for r in entering])
             for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
                 alloc.extend(r.request_id, length + g.span)
                 alloc.truncate(r.request_id, length, keep_blocks=True)
@@ -300,8 +297,9 @@ class FusedRounds:
         if g.sampling is not None:
             g.sampling.load(everyone, chained=True, params=index is not None or bool(entering), entering=len(entering),
                             advance=src.steps)
-        if g.program is not None:
-            g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)],
+        if g.program is not None:  # a chained row's L is at most its L now + k + 1; an entering row's is known
+            g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)]
+                           + [(r.request_id, length, r.params) for r, length in zip(entering, entering_lengths)],
                            chained=True)
         launch = self._replay(g, everyone, None, None)
         launch.sampled = tuple(r.request_id for r in everyone if not r.params.greedy)

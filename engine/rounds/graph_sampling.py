@@ -81,8 +81,8 @@ class RoundSampling:
         padding. ``chained``: the round after the one in flight (its draw numbers ``advance`` further, the
         forwards of the round in flight; the parameters stay unless ``params`` (its rows were compacted or rows
         join), and the q of its drafts is what the round in flight leaves in ``q_in``); its last ``entering`` rows
-        join the chain (not in the round in flight: their draw numbers are their own). A plain graph's step s
-        draws at the draw number + s."""
+        join the chain (not in the round in flight: their draw numbers are their own, and so is the q of their
+        drafts, copied in). A plain graph's step s draws at the draw number + s."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
         if not chained or params:
             self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
@@ -95,5 +95,7 @@ class RoundSampling:
             coins.fill(self.uniforms[:n], seeds, counters, coins.Stream.ACCEPT)
             for step in range(steps):
                 coins.fill(self.noise[step, :n], seeds, counters + step, coins.Stream.RECOVER, exponential=True)
-        if self.q_in is not None and not chained:  # one gather straight into the buffer
-            torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows], out=self.q_in[:n])
+        first = n - entering if chained else 0  # the rows whose q comes from the host
+        if self.q_in is not None and first < n:  # one gather straight into the buffer
+            torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows[first:]],
+                        out=self.q_in[first:n])

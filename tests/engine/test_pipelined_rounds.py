@@ -39,7 +39,8 @@ def _step(dec, tokens, aborted) -> bool:
 
 
 def _allocators(dec):
-    return [dec.target.allocator] + ([dec.drafter.runner.allocator] if dec.drafter is not None else [])
+    runner = getattr(dec.drafter, "runner", None)  # the n-gram drafter has no KV
+    return [dec.target.allocator] + ([runner.allocator] if runner is not None else [])
 
 
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
@@ -163,6 +164,42 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
     # every arrival but the first joined the chain; no round was launched and then thrown away
     assert graph.joined >= 4 and graph.dropped == 0, (graph.joined, graph.dropped)
     assert graph.rounds_ahead >= graph.rounds - 2, (graph.rounds, graph.rounds_ahead)
+    graph.expect(())
+    assert [a.free_blocks for a in _allocators(dec)] == free
+    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
+
+
+@pytest.mark.parametrize("draft", ["auto", "ngram"])
+def test_arrivals_join_a_speculative_chain_of_rounds_launched_ahead(smollm, prompts, draft):
+    """On the speculative graph a request arriving does not break the chain either: its prompt runs beside the round
+    launched ahead, the drafter makes its first drafts the round after, and the round launched then holds it (it
+    joins, verifying those drafts); greedy and seeded sampled (temperature alone, top-k / top-p) arrivals and an
+    abort among them, every request decodes what the eager engine decodes."""
+    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=26, ignore_eos=True, temperature=0.8, seed=3)
+    filtered = SamplingParams(max_tokens=22, ignore_eos=True, temperature=1.1, seed=9, top_k=40, top_p=0.9)
+    order = [(0, greedy), (1, sampled), (2, greedy), (0, filtered), (1, greedy)]
+    want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate([prompts[i] for i, _ in order],
+                                                                       [p for _, p in order])
+    dec = _pipelined(smollm, draft, 4)
+    graph = dec.fused
+    free = [a.free_blocks for a in _allocators(dec)]
+    ids, tokens, doomed = [], {}, None
+    for step in range(120):
+        if step in (0, 4, 5, 11, 12):  # arrivals one at a time, two in a row, while rounds run launched ahead
+            i, params = order[len(ids)]
+            ids.append(dec.add_request(prompts[i], params))
+            tokens[ids[-1]] = []
+        if step == 7:  # one more arrives and is aborted three rounds later, while it is in the chain
+            doomed = dec.add_request(prompts[2], greedy)
+        if step == 10:
+            assert doomed in graph.ahead.launch.rows
+            assert dec.abort(doomed)
+        if not _step(dec, tokens, doomed):
+            break
+    assert [tokens[i] for i in ids] == [o.new_token_ids for o in want]
+    # every arrival but the first joined the chain; no round was launched and then thrown away
+    assert graph.joined >= 5 and graph.dropped == 0, (graph.joined, graph.dropped)
     graph.expect(())
     assert [a.free_blocks for a in _allocators(dec)] == free
     assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
