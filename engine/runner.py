@@ -21,6 +21,7 @@ from engine.graphs import StepGraphs, forward
 from engine.kv_cache import PagedKVCache, default_kv_tokens
 from engine.models.llama import LlamaForCausalLM
 from engine.prefill_graphs import PrefillGraphs, PrefillRow
+from engine.upload import upload
 
 # A round whose prompt chunks pack into at most this many prefill-graph replays (each up to 8 chunks,
 # engine/prefill_graphs.py; ~4 ms a replay on an H100, mostly GPU) runs them there and the rest of the batch
@@ -165,22 +166,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks: Sequence[Chunk], *, features: torch.Tensor | None = None,
-            aux_layers: Sequence[int] = ()) -> RunOutput:
+            aux_layers: Sequence[int] = (), input_ids: torch.Tensor | None = None) -> RunOutput:
         """Run the chunks as one batch.
 
         features: [sum(len(tokens)), hidden] per-token inputs of a feature-fed model (an EAGLE head).
         aux_layers: target layers whose outputs to return for every token (the EAGLE head's inputs).
+        input_ids: [sum(len(tokens))] the chunks' tokens already on the device (a drafter's step fed the token its
+        last step picked, never read on the host); the chunks' ``token_ids`` then only count them.
         """
         for c in chunks:
             if not c.token_ids or not 0 <= c.num_logits <= len(c.token_ids):
                 raise ValueError(f"chunk {c.seq_id}: {len(c.token_ids)} tokens, {c.num_logits} logits")
-        out = self._with_prefill_graphs(chunks, tuple(aux_layers), features)
-        if out is not None:
-            return out
-        return self._run_batch(chunks, features, tuple(aux_layers))
+        if input_ids is None:
+            out = self._with_prefill_graphs(chunks, tuple(aux_layers), features)
+            if out is not None:
+                return out
+        return self._run_batch(chunks, features, tuple(aux_layers), input_ids)
 
-    def _run_batch(self, chunks: Sequence[Chunk], features: torch.Tensor | None, aux_layers: tuple[int, ...]
-                   ) -> RunOutput:
+    def _run_batch(self, chunks: Sequence[Chunk], features: torch.Tensor | None, aux_layers: tuple[int, ...],
+                   device_ids: torch.Tensor | None = None) -> RunOutput:
         """The chunks as one forward: through the step graphs when they make a uniform step, else eagerly."""
         alloc = self.allocator
         ids: list[int] = []
@@ -200,9 +204,9 @@ class ModelRunner:
             tables.append(tuple(alloc.block_table(c.seq_id)))
         dev = self.device
         meta = AttentionMetadata(q_lens=tuple(q_lens), kv_lens=tuple(kv_lens), block_tables=tuple(tables),
-                                 slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+                                 slot_mapping=upload(slots, dev))
+        input_ids = upload(ids, dev) if device_ids is None else device_ids
+        pos = upload(positions, dev)
         key = None
         if self.graphs is not None and len(logit_rows) == len(ids):
             key = self.graphs.bucket_for(meta, tuple(aux_layers), 0 if features is None else features.shape[1])
@@ -213,7 +217,7 @@ class ModelRunner:
         self.attention.plan(meta)
         hidden, aux = forward(self.model, input_ids, pos, self.attention, aux_layers, features)
         if len(logit_rows) < len(ids):
-            hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
+            hidden = hidden[upload(logit_rows, dev)]
         return RunOutput(self.model.compute_logits(hidden), hidden, aux)
 
 

@@ -79,6 +79,8 @@
 # AH: A/B of BASE=path's tree and this one, ABBA: a prompt's prefill (prefill_probe.py) and the engine alone at c 8
 #    with arrivals one a step (serve_probe.py --modes stagger, NUM default 384 prompts).
 # AI: A/B of BASE=path's tree and this one (ORDER, default "base new"): AF's load (GATEWAYS, TEMPS, NUM) on each.
+# AJ: A/B of BASE=path's tree and this one (ORDER, default "base new new base"): co-located and split --direct-draft
+#    served at CONC (default 1), TEMPS (default 0,0.7), default prompt counts, PROCS (default 1) client processes.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -330,6 +332,16 @@ case "${PART:-A}" in
         > "$OUT/$tag.log" 2>&1)
       show "$OUT/$tag.json" "$t"
       echo "$t done at $SECONDS s"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AJ)
+    for t in ${ORDER:-base new new base}; do
+      tree=$([ $t = base ] && echo "$BASE" || echo .)
+      tag="$name-split-$t-$SECONDS"
+      (cd "$tree" && timeout 200 python3 -m cli.main bench-serve --name "$tag" \
+        --servers tandem-colocated,tandem-split-direct --concurrency ${CONC:-1} --temperatures ${TEMPS:-0,0.7} \
+        --max-tokens 128 --client-processes ${PROCS:-1} --attention torch --device cuda --out-dir "$OUT" \
+        > "$OUT/$tag.log" 2>&1)
+      show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AE)
     timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1

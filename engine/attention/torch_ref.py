@@ -15,6 +15,7 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.sdpa import attend
 from engine.kv_cache import PagedKVCache
+from engine.upload import upload
 
 
 class TorchAttention:
@@ -31,10 +32,10 @@ class TorchAttention:
         b = len(meta.q_lens)
         q_max, kv_max = max(meta.q_lens), max(meta.kv_lens)
         blocks = -(-kv_max // bs)
-        tables = torch.tensor([list(t[:blocks]) + [0] * (blocks - len(t[:blocks])) for t in meta.block_tables],
-                              dtype=torch.long, device=device)                         # [B, M]
-        q_lens = torch.tensor(meta.q_lens, dtype=torch.long, device=device)             # [B]
-        kv_lens = torch.tensor(meta.kv_lens, dtype=torch.long, device=device)           # [B]
+        tables = upload([list(t[:blocks]) + [0] * (blocks - len(t[:blocks])) for t in meta.block_tables],
+                        device)                                                         # [B, M]
+        q_lens = upload(meta.q_lens, device)                                            # [B]
+        kv_lens = upload(meta.kv_lens, device)                                          # [B]
         cols = torch.arange(kv_max, device=device)                                      # [S]
         self._key_slots = tables.gather(1, (cols // bs).expand(b, -1)) * bs + cols % bs  # [B, S]
         j = torch.arange(q_max, device=device)                                          # [Q]

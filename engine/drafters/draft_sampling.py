@@ -21,6 +21,7 @@ from engine.config import SamplingParams
 from engine.drafters.base import DraftRequest
 from engine.models import ops
 from engine.sampling import RowParams, coins, probs_from_logits, sample_from_probs
+from engine.upload import upload
 
 
 class DraftSampler:
@@ -68,15 +69,16 @@ class DraftSampler:
         dev = logits.device
         params = [reqs[i].params for i in sampled]
         p = RowParams.of(params, dev)
-        q_rows = probs_from_logits(logits[sampled], p.temperature, p.top_k, p.top_p)
+        rows = upload(sampled, dev)  # (a list index would copy it with a stream sync)
+        q_rows = probs_from_logits(logits[rows], p.temperature, p.top_k, p.top_p)
         if self.top_m:
             q_rows = keep_top_m(q_rows, self.top_m)
         v = q_rows.shape[-1]
         noise = coins.draw([p.seed for p in params], [self.draw_number(reqs[i].request_id) for i in sampled], v,
                            coins.Stream.DRAFT, dev, col0=step * v, exponential=True)
-        tokens[sampled] = sample_from_probs(q_rows, noise)
+        tokens[rows] = sample_from_probs(q_rows, noise)
         q = torch.zeros_like(logits)
-        q[sampled] = q_rows
+        q[rows] = q_rows
         return tokens, q
 
 

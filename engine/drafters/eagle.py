@@ -28,6 +28,8 @@ from engine.drafters.base import DraftProposal, DraftRequest
 from engine.drafters.draft_sampling import DraftSampler
 from engine.models.eagle import EagleHead
 from engine.runner import Chunk, ModelRunner
+from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
+from engine.upload import upload
 
 
 STEP_CAPTURE_ROWS = 8  # capture_prefills also captures the head's steps of batches up to this many rows
@@ -153,20 +155,28 @@ class EagleDrafter:
             return DraftProposal(token_ids=drafts, probs=None)
         kmax = max(requests[i].k for i in active)
         features = torch.cat(feats)
+        picked: list[tuple[list[int], torch.Tensor]] = []  # each step's rows (of ``requests``) and tokens [rows]
+        ids = None
         for step in range(kmax):
-            out = self.runner.run(chunks, features=features)
+            out = self.runner.run(chunks, features=features, input_ids=ids)
             tokens, q = self.sampler.pick(out.logits, [requests[i] for i in active], step)
             if q is not None:
                 if probs is None:
                     probs = torch.zeros(len(requests), kmax, q.shape[-1], device=q.device)
-                probs[active, step] = q
-            for i, t in zip(active, tokens.tolist()):
-                drafts[i].append(t)
+                probs[upload(active, q.device), step] = q
+            picked.append((active, tokens))
             keep = [j for j, i in enumerate(active) if requests[i].k > step + 1]
             if not keep:
                 break
+            # the next step reads this one's tokens on the device: the host reads the drafts once, at the end
+            rows = None if len(keep) == len(active) else upload(keep, tokens.device)
+            ids = tokens if rows is None else tokens[rows]
             active = [active[j] for j in keep]
-            chunks = [Chunk(requests[i].request_id, [drafts[i][-1]]) for i in active]
-            features = out.hidden[keep]
+            chunks = [Chunk(requests[i].request_id, [PLACEHOLDER_TOKEN_ID]) for i in active]
+            features = out.hidden if rows is None else out.hidden[rows]
+        values = iter(torch.cat([t for _, t in picked]).tolist())  # the round's one host sync
+        for drafted, _ in picked:
+            for i in drafted:
+                drafts[i].append(next(values))
         self.sampler.end_round((r.request_id, r.params) for r in requests)
         return DraftProposal(token_ids=drafts, probs=probs)

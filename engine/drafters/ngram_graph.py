@@ -50,7 +50,7 @@ class TokenHistory:
         if n < known:  # its tokens were rolled back: write them all again
             known = 0
         if known < n:
-            self.tokens[slot, known:n].copy_(torch.tensor(token_ids[known:n], dtype=torch.long))
+            self.tokens[slot, known:n].copy_(torch.tensor(token_ids[known:n], dtype=torch.long), non_blocking=True)
         self._known[request_id] = n
 
     def holds(self, request_id: str, committed: int) -> bool:

@@ -21,6 +21,7 @@ from engine.request import Request
 from engine.rounds.base import RoundItem, RowResult
 from engine.runner import Chunk, ModelRunner
 from engine.sampling import PLACEHOLDER_TOKEN_ID, RowParams, coins, greedy_verify, probs_from_logits, rejection_sample
+from engine.upload import upload
 
 
 class EagerRound:
@@ -78,11 +79,11 @@ class EagerRound:
         dev = logits.device
         b = len(reqs)
         kmax = max(len(it.drafts) for it in items)
-        num_draft = torch.tensor([len(it.drafts) for it in items], device=dev)
-        draft_ids = torch.tensor([list(it.drafts) + [PLACEHOLDER_TOKEN_ID] * (kmax - len(it.drafts)) for it in items],
-                                 dtype=torch.long, device=dev).view(b, kmax)
+        num_draft = upload([len(it.drafts) for it in items], dev)
+        draft_ids = upload([list(it.drafts) + [PLACEHOLDER_TOKEN_ID] * (kmax - len(it.drafts)) for it in items],
+                           dev).view(b, kmax)
         # rows of request i in the flat logits: starts[i] .. starts[i] + n_i; pad by repeating
-        starts = torch.tensor(list(itertools.accumulate(widths, initial=0))[:-1], device=dev)
+        starts = upload(list(itertools.accumulate(widths, initial=0))[:-1], dev)
         offs = torch.minimum(torch.arange(kmax + 1, device=dev).unsqueeze(0), num_draft.unsqueeze(1))
         padded = logits[starts.unsqueeze(1) + offs]                # [B, K+1, V]
         out, num_accepted = greedy_verify(draft_ids, num_draft, ops.argmax(padded))
@@ -110,7 +111,7 @@ class EagerRound:
             if it.probs is not None:
                 q[i, :n] = it.probs.to(dev)
             elif n:
-                q[i, torch.arange(n, device=dev), torch.tensor(list(it.drafts), device=dev)] = 1.0
+                q[i, torch.arange(n, device=dev), upload(list(it.drafts), dev)] = 1.0
         return q
 
     @staticmethod
