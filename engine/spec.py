@@ -163,14 +163,16 @@ class SpecDecoder:
         for row in plan.off_graph:  # not on the speculative graph this round: its drafter state there is stale
             self.fast.forget(row.request_id)
         plan = self.scheduler.settle(plan, self.propose(*self.scheduler.wants(plan)))
+        # the eager rows (prefills above all) are queued first and read last: the graph's next round, launched
+        # ahead below, queues behind them, so reading them does not wait for it (the GPU goes on meanwhile)
+        eager = _requests(plan.eager)
+        launched = self.eager.launch(eager, [row.item for row in plan.eager], self.feature_layers) if eager else None
         outputs = []
         for graph, rows in ((self.fused, plan.fused), (self.fused_plain, plan.fused_plain)):
             if rows:
                 outputs += self._commit(_requests(rows), self.fast.run(graph, rows, plan.launch_ahead))
-        if plan.eager:
-            eager = _requests(plan.eager)
-            outputs += self._commit(eager, self.eager.run(eager, [row.item for row in plan.eager],
-                                                          self.feature_layers))
+        if launched is not None:
+            outputs += self._commit(eager, self.eager.finish(launched))
         if (self.fast.policy is not None and not plan.eager and bool(plan.fused) != bool(plan.fused_plain)
                 and all(row.reason is not Reason.ENTERED for row in plan.fused)):  # steady rounds only
             self._observe(plan, outputs, time.perf_counter() - start)

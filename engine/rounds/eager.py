@@ -12,6 +12,7 @@ one ``RowResult`` per row; the decoder commits them.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -24,6 +25,21 @@ from engine.sampling import PLACEHOLDER_TOKEN_ID, RowParams, coins, greedy_verif
 from engine.upload import upload
 
 
+@dataclass
+class Launched:
+    """An eager round on its way (``EagerRound.launch``): what ``finish`` needs to read and hand it out."""
+
+    reqs: Sequence[Request]
+    items: Sequence[RoundItem]
+    drafts: list[list[int]]          # each row's drafts through the target (padding included)
+    widths: list[int]                # each row's tokens through the target
+    starts: list[int]                # each row's KV length before the round
+    full: list[int]                  # rows that are not partial prefills (they have a result)
+    aux: torch.Tensor | None         # [sum(widths), F] the target features of every row's tokens
+    out: torch.Tensor | None         # [len(full), K + 2] long: each full row's tokens, then its accepted count
+    done: "torch.cuda.Event | None"  # recorded after ``out``'s copy to the host (CUDA)
+
+
 class EagerRound:
     def __init__(self, target: ModelRunner, pad: bool | None = None, k: int = 0) -> None:
         self.target = target
@@ -31,12 +47,18 @@ class EagerRound:
         # pad decoding rows to one draft count (``_uniform``): only worth it where the runner replays step graphs
         self.pad = target.graphs is not None if pad is None else pad
         self.padded_rounds = 0  # rounds whose rows were padded to one draft count
+        self._pinned: torch.Tensor | None = None  # where a round's output lands on the host (CUDA), grown as needed
 
     def run(self, reqs: Sequence[Request], items: Sequence[RoundItem], aux_layers: tuple[int, ...]
             ) -> list[RowResult | None]:
         """One target forward + verification for these rows (each request at most once) -> per row its result,
         None for a partial prefill. ``aux_layers``: target layers whose outputs each request queues for its
         newly verified positions."""
+        return self.finish(self.launch(reqs, items, aux_layers))
+
+    def launch(self, reqs: Sequence[Request], items: Sequence[RoundItem], aux_layers: tuple[int, ...]) -> Launched:
+        """``run``'s device work, queued: nothing waits for the GPU here, so a graph round launched after it (the
+        decoder's next round launched ahead) queues behind it and ``finish`` waits for this round alone."""
         starts = [self.target.length(r.request_id) for r in reqs]
         drafts = [list(it.drafts) for it in items]
         if self.pad:
@@ -55,22 +77,44 @@ class EagerRound:
             else:
                 chunks.append(Chunk(r.request_id, unseen + d, num_logits=1 + len(d)))
         res = self.target.run(chunks, aux_layers=aux_layers)          # logits [sum(1 + n_i) over full rows, V]
-        offsets = list(itertools.accumulate([len(c.token_ids) for c in chunks], initial=0))
+        widths = [len(c.token_ids) for c in chunks]
+        offsets = list(itertools.accumulate(widths, initial=0))
         for i in (i for i, p in enumerate(partial) if p and res.aux is not None):
             reqs[i].features.add(starts[i], res.aux[offsets[i]: offsets[i + 1]])
         full = [i for i, p in enumerate(partial) if not p]
-        results: list[RowResult | None] = [None] * len(reqs)
+        launched = Launched(reqs, items, drafts, widths, starts, full, res.aux, None, None)
         if not full:
-            return results
+            return launched
         out, num_accepted = self._verify([reqs[i] for i in full], [items[i] for i in full], res.logits,
                                          [chunks[i].num_logits for i in full])
-        for i, row, a in zip(full, out.tolist(), num_accepted.tolist()):
-            r, d = reqs[i], drafts[i]
-            if res.aux is not None:  # features of the positions now verified: unseen + accepted drafts
-                n = len(chunks[i].token_ids) - len(d) + a
-                r.features.add(starts[i], res.aux[offsets[i]: offsets[i] + n])
+        result = torch.cat([out, num_accepted[:, None]], dim=1)                # [len(full), K + 2]
+        if not result.is_cuda:
+            launched.out = result
+            return launched
+        if self._pinned is None or self._pinned.numel() < result.numel():
+            self._pinned = torch.empty(max(result.numel(), 1024), dtype=torch.long, pin_memory=True)
+        launched.out = self._pinned[: result.numel()].view(result.shape)
+        launched.out.copy_(result, non_blocking=True)
+        launched.done = torch.cuda.Event()
+        launched.done.record()
+        return launched
+
+    def finish(self, p: Launched) -> list[RowResult | None]:
+        """Wait for a launched round, roll each row's KV back past what it accepted, queue the features of its
+        newly verified positions and return its result (None for a partial prefill)."""
+        results: list[RowResult | None] = [None] * len(p.reqs)
+        if p.out is None:
+            return results
+        if p.done is not None:
+            p.done.synchronize()
+        offsets = list(itertools.accumulate(p.widths, initial=0))
+        for i, row in zip(p.full, p.out.tolist()):
+            r, d, a = p.reqs[i], p.drafts[i], row[-1]
+            if p.aux is not None:  # features of the positions now verified: unseen + accepted drafts
+                n = p.widths[i] - len(d) + a
+                r.features.add(p.starts[i], p.aux[offsets[i]: offsets[i] + n])
             self.target.truncate(r.request_id, len(r.token_ids) + a)
-            results[i] = RowResult(row[: a + 1], a, len(items[i].drafts))
+            results[i] = RowResult(row[: a + 1], a, len(p.items[i].drafts))
         return results
 
     def _verify(self, reqs: list[Request], items: Sequence[RoundItem], logits: torch.Tensor,
