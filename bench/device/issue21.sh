@@ -39,7 +39,8 @@
 #    bench-serve co-located at c 8 and 64 greedy over NUM (default 384) prompts, beside the in-process engine.
 #    GATEWAYS=N: the stacks with N gateway processes (trees from df9c163 on). KIND=inproc: tandem bench instead, bs
 #    BS (default 1,4,16,64), TEMPS (default 0), DRAFTS (default none,auto,ngram), speculation at every size, NUM
-#    prompts (default 128), ADMISSION (waves, continuous; trees from 6eb199d on), TO seconds a run (default 150).
+#    prompts (default 128) of DATASET (default humaneval: 164 at most), ADMISSION (waves, continuous; trees from 6eb199d
+#    on), TO seconds a run (default 150).
 # Q: where a served round's time goes against an in-process one, this tree: the in-process engine at batch 64 (512
 #    HumanEval prompts, greedy) under py-spy record (--threads --idle, raw); then the co-located stack at c 64 over
 #    1,024 prompts with its verifier recorded 4 s mid-load (carry [".carry/env", ".whl"]).
@@ -427,8 +428,9 @@ case "${PART:-A}" in
         --device cuda --out-dir "$OUT" ${GATEWAYS:+--gateways $GATEWAYS} > "$OUT/$2.log" 2>&1)
       grep -E '^\{' "$OUT/$2.log" | cut -c1-160; }
     inproc() {  # tree tag
-      (cd "$1" && timeout ${TO:-150} python3 -m cli.main bench --name "$2" --dataset humaneval --num-prompts ${NUM:-128} \
-        --batch-sizes ${BS:-1,4,16,64} --drafts ${DRAFTS:-none,auto,ngram} --baselines none --temperatures ${TEMPS:-0} \
+      (cd "$1" && timeout ${TO:-150} python3 -m cli.main bench --name "$2" --dataset ${DATASET:-humaneval} \
+        --num-prompts ${NUM:-128} --batch-sizes ${BS:-1,4,16,64} --drafts ${DRAFTS:-none,auto,ngram} --baselines none \
+        --temperatures ${TEMPS:-0} \
         --spec-max-batch 64 --admission ${ADMISSION:-waves} \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$2.log" 2>&1)
       python3 - "$OUT/$2.json" <<'PY'

@@ -97,7 +97,7 @@ class EagleDrafter:
     def _take_features(self, st: _State, r: DraftRequest) -> None:
         if r.features is None or r.features.shape[0] == 0:
             return
-        fused = self.head.fuse_features(r.features.to(self.runner.device))
+        fused = self.head.fuse_features(r.features.to(self.runner.device, non_blocking=True))
         if st.feats is None or r.features_start > st.feat_end or r.features_start < st.feat_start:
             st.feats, st.feat_start = fused, r.features_start       # a gap or a rewind: start over
         else:

@@ -134,14 +134,17 @@ class EagerRound:
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if not sampled:
             return out, num_accepted
-        p = RowParams.of([reqs[i].params for i in sampled], dev).repeat(kmax + 1)
-        rows = padded[sampled].reshape(len(sampled) * (kmax + 1), -1)
-        probs = probs_from_logits(rows, p.temperature, p.top_k, p.top_p).view(len(sampled), kmax + 1, -1)
+        params = [reqs[i].params for i in sampled]
+        p = RowParams.of(params, dev).repeat(kmax + 1)
+        at = upload(sampled, dev)  # (a list index would copy it with a stream sync)
+        rows = padded[at].reshape(len(sampled) * (kmax + 1), -1)
+        filtered = any(x.top_k > 0 or x.top_p < 1.0 for x in params)  # known here: no look on the device
+        probs = probs_from_logits(rows, p.temperature, p.top_k, p.top_p, filtered).view(len(sampled), kmax + 1, -1)
         q = self._draft_probs([items[i] for i in sampled], kmax, probs.shape[-1], dev)
         uniforms, noise = self._coins([reqs[i] for i in sampled], kmax, probs.shape[-1], dev)
-        s_out, s_acc = rejection_sample(draft_ids[sampled], num_draft[sampled], probs, q, uniforms, noise)
-        out[sampled] = s_out
-        num_accepted[sampled] = s_acc
+        s_out, s_acc = rejection_sample(draft_ids[at], num_draft[at], probs, q, uniforms, noise)
+        out[at] = s_out
+        num_accepted[at] = s_acc
         return out, num_accepted
 
     @staticmethod
@@ -153,7 +156,7 @@ class EagerRound:
         for i, it in enumerate(items):
             n = len(it.drafts)
             if it.probs is not None:
-                q[i, :n] = it.probs.to(dev)
+                q[i, :n] = it.probs.to(dev, non_blocking=True)
             elif n:
                 q[i, torch.arange(n, device=dev), upload(list(it.drafts), dev)] = 1.0
         return q
