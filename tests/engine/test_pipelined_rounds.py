@@ -127,6 +127,39 @@ def test_blocks_a_round_launched_ahead_holds_stay_until_it_is_read_or_dropped(sm
     assert dec.abort(rid) and rid not in target
 
 
+def _arrivals(extra: int):
+    """Requests arriving one by one: greedy, temperature alone and top-k / top-p (``extra`` tokens more each)."""
+    greedy = SamplingParams(max_tokens=20 + extra, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=22 + extra, ignore_eos=True, temperature=0.8, seed=3)
+    filtered = SamplingParams(max_tokens=18 + extra, ignore_eos=True, temperature=1.1, seed=9, top_k=40, top_p=0.9)
+    return greedy, [(0, greedy), (1, sampled), (2, greedy), (0, filtered), (1, greedy)]
+
+
+def _run_arrivals(dec, graph, prompts, order, greedy, arrive, doomed_at, steps=120) -> list[list[int]]:
+    """Steps the decoder while ``order``'s requests arrive at the steps in ``arrive`` and one more arrives at
+    ``doomed_at`` and is aborted three rounds later, while it is in the chain -> each arrival's tokens."""
+    ids, tokens, doomed = [], {}, None
+    for step in range(steps):
+        if step in arrive:
+            i, params = order[len(ids)]
+            ids.append(dec.add_request(prompts[i], params))
+            tokens[ids[-1]] = []
+        if step == doomed_at:
+            doomed = dec.add_request(prompts[2], greedy)
+        if step == doomed_at + 3:
+            assert doomed in graph.ahead.launch.rows
+            assert dec.abort(doomed)
+        if not _step(dec, tokens, doomed):
+            break
+    return [tokens[i] for i in ids]
+
+
+def _nothing_held(dec, graph, free) -> None:
+    graph.expect(())
+    assert [a.free_blocks for a in _allocators(dec)] == free
+    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
+
+
 @pytest.mark.parametrize("draft,k,spec_max_batch,steps,steps_from", [
     ("none", 0, None, 1, 1), ("auto", 4, 1, 1, 1), ("none", 0, None, 3, 1), ("auto", 4, 1, 2, 1),
     ("none", 0, None, 3, 2)])  # rounds of one row one step, of more three: rows go from one graph to the other
@@ -136,10 +169,7 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
     chain: its prompt runs beside the round launched ahead, the round after holds it too (it joins), and every
     request decodes what the eager engine decodes, greedy and seeded sampled, arrivals and an abort among them;
     with rounds of one step and of several (``plain_steps``), and rows moving between the two."""
-    greedy = SamplingParams(max_tokens=20, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=22, ignore_eos=True, temperature=0.8, seed=3)
-    filtered = SamplingParams(max_tokens=18, ignore_eos=True, temperature=1.1, seed=9, top_k=40, top_p=0.9)
-    order = [(0, greedy), (1, sampled), (2, greedy), (0, filtered), (1, greedy)]
+    greedy, order = _arrivals(0)
     want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate([prompts[i] for i, _ in order],
                                                                        [p for _, p in order])
     dec = _pipelined(smollm, draft, k, spec_max_batch=spec_max_batch, plain_steps=steps,
@@ -147,26 +177,13 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
     graph = dec.fused if dec.fused_plain is None else dec.fused_plain
     assert graph.steps_for(1) == (steps if steps_from == 1 else 1) and graph.steps_for(2) == steps
     free = [a.free_blocks for a in _allocators(dec)]
-    ids, tokens, doomed = [], {}, None
-    for step in range(80):
-        if step in (0, 3, 4, 9, 10):  # arrivals one at a time, two in a row, while rounds run launched ahead
-            i, params = order[len(ids)]
-            ids.append(dec.add_request(prompts[i], params))
-            tokens[ids[-1]] = []
-        if step == 6:  # one more arrives and is aborted three rounds later, while it is in the chain
-            doomed = dec.add_request(prompts[2], greedy)
-        if step == 9:
-            assert doomed in graph.ahead.launch.rows
-            assert dec.abort(doomed)
-        if not _step(dec, tokens, doomed):
-            break
-    assert [tokens[i] for i in ids] == [o.new_token_ids for o in want]
+    # arrivals one at a time, two in a row, while rounds run launched ahead
+    got = _run_arrivals(dec, graph, prompts, order, greedy, (0, 3, 4, 9, 10), 6, steps=80)
+    assert got == [o.new_token_ids for o in want]
     # every arrival but the first joined the chain; no round was launched and then thrown away
     assert graph.joined >= 4 and graph.dropped == 0, (graph.joined, graph.dropped)
     assert graph.rounds_ahead >= graph.rounds - 2, (graph.rounds, graph.rounds_ahead)
-    graph.expect(())
-    assert [a.free_blocks for a in _allocators(dec)] == free
-    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
+    _nothing_held(dec, graph, free)
 
 
 @pytest.mark.parametrize("draft", ["auto", "ngram"])
@@ -175,31 +192,13 @@ def test_arrivals_join_a_speculative_chain_of_rounds_launched_ahead(smollm, prom
     launched ahead, the drafter makes its first drafts the round after, and the round launched then holds it (it
     joins, verifying those drafts); greedy and seeded sampled (temperature alone, top-k / top-p) arrivals and an
     abort among them, every request decodes what the eager engine decodes."""
-    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=26, ignore_eos=True, temperature=0.8, seed=3)
-    filtered = SamplingParams(max_tokens=22, ignore_eos=True, temperature=1.1, seed=9, top_k=40, top_p=0.9)
-    order = [(0, greedy), (1, sampled), (2, greedy), (0, filtered), (1, greedy)]
+    greedy, order = _arrivals(4)
     want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate([prompts[i] for i, _ in order],
                                                                        [p for _, p in order])
     dec = _pipelined(smollm, draft, 4)
-    graph = dec.fused
     free = [a.free_blocks for a in _allocators(dec)]
-    ids, tokens, doomed = [], {}, None
-    for step in range(120):
-        if step in (0, 4, 5, 11, 12):  # arrivals one at a time, two in a row, while rounds run launched ahead
-            i, params = order[len(ids)]
-            ids.append(dec.add_request(prompts[i], params))
-            tokens[ids[-1]] = []
-        if step == 7:  # one more arrives and is aborted three rounds later, while it is in the chain
-            doomed = dec.add_request(prompts[2], greedy)
-        if step == 10:
-            assert doomed in graph.ahead.launch.rows
-            assert dec.abort(doomed)
-        if not _step(dec, tokens, doomed):
-            break
-    assert [tokens[i] for i in ids] == [o.new_token_ids for o in want]
+    got = _run_arrivals(dec, dec.fused, prompts, order, greedy, (0, 4, 5, 11, 12), 7)
+    assert got == [o.new_token_ids for o in want]
     # every arrival but the first joined the chain; no round was launched and then thrown away
-    assert graph.joined >= 5 and graph.dropped == 0, (graph.joined, graph.dropped)
-    graph.expect(())
-    assert [a.free_blocks for a in _allocators(dec)] == free
-    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
+    assert dec.fused.joined >= 5 and dec.fused.dropped == 0, (dec.fused.joined, dec.fused.dropped)
+    _nothing_held(dec, dec.fused, free)
