@@ -80,6 +80,8 @@
 # AH: A/B of BASE=path's tree and this one, ABBA: a prompt's prefill (prefill_probe.py) and the engine alone at c 8
 #    with arrivals one a step (serve_probe.py --modes stagger, NUM default 384 prompts).
 # AI: A/B of BASE=path's tree and this one (ORDER, default "base new"): AF's load (GATEWAYS, TEMPS, NUM) on each.
+# AK: this tree's co-located stack at CONC (default 8) with speculation up to SPEC (default "3 8": the default batch
+#    policy, then TANDEM_SPEC_MAX_BATCH=8), TEMPS (default 0,0.7), NUM (default 512) prompts, GATEWAYS (default 2).
 # AJ: A/B of BASE=path's tree and this one (ORDER, default "base new new base"): co-located and split --direct-draft
 #    served at CONC (default 1), TEMPS (default 0,0.7), default prompt counts, PROCS (default 1) client processes.
 source "$(dirname "$0")/env.sh"
@@ -90,7 +92,8 @@ mid_run() {  # log: wait until a c 64 measurement has run 3 s
 show() {  # results.json tag: each row's load, throughput and where its requests' time went (AF, AI)
   python3 - "$1" "$2" <<'PY'
 import json, sys
-keys = ("server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "ttft_ms_mean", "itl_ms_mean",
+keys = ("server", "concurrency", "temperature", "tokens_per_s", "served_vs_in_process", "acceptance_length",
+        "ttft_ms_mean", "itl_ms_mean",
         "latency_ms_mean", "batch_mean", "rows_per_round", "engine_ms.queued", "engine_ms.first", "engine_ms.life",
         "serve_rounds.run")
 for r in json.load(open(sys.argv[1])):
@@ -333,6 +336,14 @@ case "${PART:-A}" in
         > "$OUT/$tag.log" 2>&1)
       show "$OUT/$tag.json" "$t"
       echo "$t done at $SECONDS s"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AK)
+    for m in ${SPEC:-3 8}; do
+      tag="$name-spec$m-$SECONDS"
+      TANDEM_SPEC_MAX_BATCH=$m timeout 250 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+        --gateways ${GATEWAYS:-2} --concurrency ${CONC:-8} --temperatures ${TEMPS:-0,0.7} --num-prompts ${NUM:-512} \
+        --max-tokens 128 --client-processes 4 --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      show "$OUT/$tag.json" "spec-max-batch $m"; echo "$m done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AJ)
     for t in ${ORDER:-base new new base}; do
