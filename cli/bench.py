@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from pathlib import Path
 
 from cli.options import add_engine_args, engine_settings
@@ -116,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--baselines: transformers needs real weights; pass --baselines none (or vLLM's) with a "
                          "synthetic: model")
     prompts = {ds: dataset_prompts(ds, meta.tokenizer, args.num_prompts) for ds in args.dataset}
+    for ds, got in prompts.items():  # a dataset smaller than asked for: said here (the rows record num_prompts)
+        if len(got) < args.num_prompts:
+            print(f"bench: --num-prompts {args.num_prompts}: {ds} has {len(got)} prompts; each run takes those",
+                  file=sys.stderr)
     env = {**environment(), "device": config.device, "dtype": config.dtype,
            "model": str(path) if meta.synthetic else Path(path).name, "synthetic": meta.synthetic}
     out = Path(args.out_dir) / f"{args.name}.json"
