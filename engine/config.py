@@ -110,6 +110,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def filters(self) -> bool:
+        """Whether top-k or top-p cut its distribution (the sorting path of ``probs_from_logits``)."""
+        return self.top_k > 0 or self.top_p < 1.0
+
 
 @dataclass(frozen=True)
 class EngineConfig:

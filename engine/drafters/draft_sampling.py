@@ -70,7 +70,7 @@ class DraftSampler:
         params = [reqs[i].params for i in sampled]
         p = RowParams.of(params, dev)
         rows = upload(sampled, dev)  # (a list index would copy it with a stream sync)
-        filtered = any(x.top_k > 0 or x.top_p < 1.0 for x in params)  # known here: no look on the device
+        filtered = any(x.filters for x in params)  # known here: no look on the device
         q_rows = probs_from_logits(logits[rows], p.temperature, p.top_k, p.top_p, filtered)
         if self.top_m:
             q_rows = keep_top_m(q_rows, self.top_m)

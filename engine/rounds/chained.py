@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from engine.models import ops
+from engine.upload import upload
 
 
 def chain(inputs: torch.Tensor,               # [R, k+2] long, updated in place
@@ -82,7 +83,7 @@ def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffer
             device: torch.device) -> None:
     """dst[:n] = src[index], dst[n:] = padding, buffer by buffer (src may be dst: the gather copies first)."""
     n = len(index)
-    idx = torch.tensor(index, dtype=torch.long).to(device, non_blocking=True)
+    idx = upload(index, device)
     for s, d, pad in zip(src, dst, pads):
         if s is None:
             continue

@@ -138,7 +138,7 @@ class EagerRound:
         p = RowParams.of(params, dev).repeat(kmax + 1)
         at = upload(sampled, dev)  # (a list index would copy it with a stream sync)
         rows = padded[at].reshape(len(sampled) * (kmax + 1), -1)
-        filtered = any(x.top_k > 0 or x.top_p < 1.0 for x in params)  # known here: no look on the device
+        filtered = any(x.filters for x in params)  # known here: no look on the device
         probs = probs_from_logits(rows, p.temperature, p.top_k, p.top_p, filtered).view(len(sampled), kmax + 1, -1)
         q = self._draft_probs([items[i] for i in sampled], kmax, probs.shape[-1], dev)
         uniforms, noise = self._coins([reqs[i] for i in sampled], kmax, probs.shape[-1], dev)

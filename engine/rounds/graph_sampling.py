@@ -35,7 +35,7 @@ class Mode(enum.IntEnum):
         sampled = [p for p in params if not p.greedy]
         if not sampled:
             return cls.GREEDY
-        return cls.FILTERED if any(p.top_k > 0 or p.top_p < 1.0 for p in sampled) else cls.SAMPLED
+        return cls.FILTERED if any(p.filters for p in sampled) else cls.SAMPLED
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from engine.upload import upload
 from kernels.philox_ref import random_rows_reference
 
 
@@ -49,5 +50,5 @@ def fill(out: torch.Tensor,       # [R, N] float32, written in place (columns co
 def draw(seeds: Sequence[int], counters: Sequence[int], cols: int, stream: Stream, device: torch.device,
          col0: int = 0, exponential: bool = False) -> torch.Tensor:  # [len(seeds), cols] float32
     """``fill`` into a new tensor, for rows given on the host."""
-    ids = torch.tensor([list(seeds), list(counters)], dtype=torch.long).to(device, non_blocking=True)
+    ids = upload([list(seeds), list(counters)], device)
     return fill(torch.empty(len(seeds), cols, device=device), ids[0], ids[1], stream, col0, exponential)
