@@ -273,4 +273,4 @@ class Scheduler:
 
 def _first(item: RoundItem, n: int) -> RoundItem:
     """The item with its first n drafts (and their q)."""
-    return RoundItem(item.request_id, item.drafts[:n], None if item.probs is None else item.probs[:n])
+    return RoundItem(item.request_id, list(item.drafts)[:n], None if item.probs is None else item.probs[:n])

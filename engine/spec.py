@@ -199,8 +199,7 @@ class SpecDecoder:
             start, feats = reqs[i].features.take()
             wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
                                        features=feats, features_start=start))
-        # drafts left on the device where the drafter can (entering rows take them there; others read them)
-        proposal = self.drafter.propose(wanted, defer=True) if self.drafter.defers else self.drafter.propose(wanted)
+        proposal = self.drafter.propose(wanted)
         for j, i in enumerate(chosen):
             drafts = proposal.token_ids[j][: ks[i]]
             probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]

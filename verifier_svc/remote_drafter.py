@@ -53,7 +53,6 @@ def open_channel(address: str, max_message_bytes: int, identity: Identity | None
 
 class RemoteDrafter:
     graph_rounds = False  # drafts arrive from another process: the rounds verify them outside a fused graph
-    defers = False  # its drafts are read on the host as they are made
 
     def __init__(self, address: str, vocab_size: int, *, channel: grpc.Channel, timeout_s: float = 2.0,
                  retry_s: float = 1.0, feature_window: int = 1024, connect_timeout_s: float = 300.0) -> None:
@@ -129,7 +128,7 @@ class RemoteDrafter:
         finally:
             self.call_s += time.perf_counter() - t0
 
-    def propose(self, requests: Sequence[DraftRequest], defer: bool = False) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         """One Draft call for every row (a second for rows the drafter lost) -> drafts; none where it failed."""
         n = len(requests)
         tokens: list[list[int]] = [[] for _ in range(n)]

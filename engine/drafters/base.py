@@ -17,9 +17,6 @@ Capabilities are declared as attributes, never inferred from names:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
   ``propose``) can go on in fused rounds from here.
-- ``defers``: ``propose(requests, defer=True)`` may leave the drafts on the device (``RowDrafts``,
-  engine/drafters/pending.py: sequences of token ids read on first look), so the caller's host need not wait
-  for the GPU before it queues more work (a graph round's entering rows take them on the device).
 
 Every drafter has ``capture_prefills()``: it captures the graphs of its own catch-up over a prompt up
 front (on a GPU; returns how many, 0 for a drafter with no graphs or where nothing is captured).
@@ -50,7 +47,7 @@ class DraftRequest:
 
 @dataclass(frozen=True)
 class DraftProposal:
-    token_ids: list[Sequence[int]]  # per request, at most k tokens (fewer when it has nothing to say)
+    token_ids: list[list[int]]   # per request, at most k tokens (fewer when the drafter has nothing to say)
     probs: torch.Tensor | None   # [B, K, V] q for each draft position (rows of greedy requests unused);
                                  # None when the drafter is deterministic
 
@@ -93,9 +90,8 @@ class Drafter(Protocol):
     target_features: tuple[int, ...]
     feature_size: int
     graph_rounds: bool
-    defers: bool
 
-    def propose(self, requests: Sequence[DraftRequest], defer: bool = False) -> DraftProposal: ...
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal: ...
 
     def release(self, request_id: str) -> None: ...
 

@@ -26,7 +26,6 @@ import torch
 from engine.config import EngineConfig
 from engine.drafters.base import DraftProposal, DraftRequest
 from engine.drafters.draft_sampling import DraftSampler
-from engine.drafters.pending import PendingDrafts
 from engine.models.eagle import EagleHead
 from engine.runner import Chunk, ModelRunner
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
@@ -55,7 +54,6 @@ class _State:
 class EagleDrafter:
     deterministic = False
     graph_rounds = True  # engine/drafters/eagle_graph.py
-    defers = True  # propose(defer=True): drafts left on the device until read
 
     def __init__(self, name: str, head: EagleHead, config: EngineConfig) -> None:
         self.name = name
@@ -66,8 +64,6 @@ class EagleDrafter:
         self.k = config.k  # the default draft length: the step shapes capture_prefills captures
         self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
         self._states: dict[str, _State] = {}
-        self._host: torch.Tensor | None = None  # pinned: where a round's drafts land on the host (CUDA)
-        self._pending: PendingDrafts | None = None  # the last round's drafts, until read
 
     def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False):
         from engine.drafters.eagle_graph import EagleProgram
@@ -144,9 +140,7 @@ class EagleDrafter:
         self.runner.free(request_id)
         st.tokens.clear()
 
-    def propose(self, requests: Sequence[DraftRequest], defer: bool = False) -> DraftProposal:
-        """Drafts for these requests. ``defer``: the drafts stay on the device until their values are looked at
-        (``RowDrafts``; engine/drafters/pending.py), so the host does not wait for the GPU here."""
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: torch.Tensor | None = None
         active, chunks, feats = [], [], []
@@ -180,30 +174,9 @@ class EagleDrafter:
             active = [active[j] for j in keep]
             chunks = [Chunk(requests[i].request_id, [PLACEHOLDER_TOKEN_ID]) for i in active]
             features = out.hidden if rows is None else out.hidden[rows]
+        values = iter(torch.cat([t for _, t in picked]).tolist())  # the round's one host sync
+        for drafted, _ in picked:
+            for i in drafted:
+                drafts[i].append(next(values))
         self.sampler.end_round((r.request_id, r.params) for r in requests)
-        pending = self._pending_drafts(picked, len(requests))
-        return DraftProposal(token_ids=pending.rows() if defer else pending.read(), probs=probs)
-
-    def _pending_drafts(self, picked: list[tuple[list[int], torch.Tensor]], rows: int) -> PendingDrafts:
-        """Each step's tokens into one [rows, steps] table on the device, its copy to the host queued (the round's
-        one host read, ``PendingDrafts.read``)."""
-        tokens = [t for _, t in picked]
-        if all(len(active) == rows for active, _ in picked):  # every row drafted at every step (the usual round)
-            table = torch.stack(tokens, dim=1)
-        else:
-            table = torch.full((rows, len(picked)), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=tokens[0].device)
-            for step, (active, t) in enumerate(picked):
-                table[upload(active, t.device), step] = t
-        lengths = [0] * rows
-        for active, _ in picked:
-            for i in active:
-                lengths[i] += 1
-        host = None
-        if table.is_cuda:
-            if self._pending is not None:  # its values leave the pinned buffer before the buffer is reused
-                self._pending.read()
-            if self._host is None or self._host.numel() < table.numel():
-                self._host = torch.empty(max(table.numel(), 1024), dtype=torch.long, pin_memory=True)
-            host = self._host
-        self._pending = PendingDrafts(table, lengths, host)
-        return self._pending
+        return DraftProposal(token_ids=drafts, probs=probs)

@@ -36,7 +36,6 @@ class ModelDrafter:
     target_features: tuple[int, ...] = ()
     feature_size = 0
     graph_rounds = True  # ModelProgram
-    defers = False  # its drafts are read on the host as they are made
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
@@ -84,7 +83,7 @@ class ModelDrafter:
         st.cached.extend(new)
         return new
 
-    def propose(self, requests: Sequence[DraftRequest], defer: bool = False) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         kmax = max(r.k for r in requests)
         drafts: list[list[int]] = [[] for _ in requests]
         probs: torch.Tensor | None = None

@@ -23,7 +23,6 @@ class NgramDrafter:
     deterministic = True
     target_features: tuple[int, ...] = ()
     feature_size = 0
-    defers = False  # its drafts are made on the host
 
     def __init__(self, max_n: int = 3, min_n: int = 1, history: TokenHistory | None = None) -> None:
         if not 1 <= min_n <= max_n:
@@ -43,7 +42,7 @@ class NgramDrafter:
                 return arr[start:start + k].tolist()
         return []
 
-    def propose(self, requests: Sequence[DraftRequest], defer: bool = False) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         if self.history is not None:  # what a fused round continues from
             for r in requests:
                 self.history.write(r.request_id, r.token_ids)

@@ -99,15 +99,10 @@ def enter(inputs: torch.Tensor,            # [R, k+2] long: the destination grap
           lengths: Sequence[int],          # [n] each joining row's L (its committed tokens but t0)
           at: int,
           room: torch.Tensor | None = None,  # [R] long (graphs that count down, k > 0), rows [at, at + n) written
-          rooms: Sequence[int] = (),         # [n] the tokens each joining row may still commit
-          on_device: Sequence[torch.Tensor | None] = ()) -> None:  # [n] each row's drafts [d] on the device, or None
-    """Joining rows' inputs, from the host, after the live rows' (in stream order after the round in flight); a
-    row's drafts left on the device by its drafter (``on_device``) are copied from there, over its host row's."""
+          rooms: Sequence[int] = ()) -> None:  # [n] the tokens each joining row may still commit
+    """Joining rows' inputs, from the host, after the live rows' (in stream order after the round in flight)."""
     n, k = len(rows), inputs.shape[1] - 2
     inputs[at: at + n].copy_(torch.tensor(rows, dtype=torch.long).view(n, k + 2), non_blocking=True)
-    for i, drafts in enumerate(on_device):
-        if drafts is not None:
-            inputs[at + i, 1: 1 + drafts.shape[0]].copy_(drafts)
     kv_lens[at: at + n].copy_(torch.tensor([length + k + 1 for length in lengths], dtype=torch.long),
                               non_blocking=True)
     if room is not None:

@@ -105,7 +105,7 @@ class FastPath:
         for row in rows:
             r = row.request
             if row.item is not None:
-                drafts, q = row.item.drafts, row.item.probs  # (maybe still on the device: not read here)
+                drafts, q = list(row.item.drafts), row.item.probs
             else:
                 nxt = self.next_drafts.get(r.request_id)
                 drafts, q = (nxt.drafts, nxt.q) if nxt is not None else ([], None)
@@ -114,8 +114,8 @@ class FastPath:
         results = graph.run(fused_rows, ahead)
         for row, fused_row, res in zip(rows, fused_rows, results):
             if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round, verifying
-                if graph.k:  # the drafts it carries now (where that round is dropped, the host's launch does): read
-                    self.next_drafts[row.request_id] = NextDrafts(list(fused_row.drafts), fused_row.q)  # after it
+                if graph.k:  # the drafts it carries now (where that round is dropped, the host's launch does)
+                    self.next_drafts[row.request_id] = NextDrafts(list(fused_row.drafts), fused_row.q)
                 continue
             if not row.request.params.greedy:  # a draw a forward: a plain round's, one a token
                 row.request.draws += 1 if graph.k else len(res.committed)

@@ -37,7 +37,6 @@ import torch
 
 from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
-from engine.drafters.pending import RowDrafts
 from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
 from engine.rounds.ahead import Launch, LaunchedAhead
 from engine.rounds.base import RowResult
@@ -284,13 +283,11 @@ class FusedRounds:
             self.compacted += index is not None
         for r, length in zip(rows, lengths):  # the round in flight's tokens, then this one's
             alloc.extend(r.request_id, length + src.span + g.span)
-        if entering:  # drafts still on the device (``RowDrafts``) go in from there: the host does not wait for them
+        if entering:
             pad = [PLACEHOLDER_TOKEN_ID] * k
-            on_device = [r.drafts.device if isinstance(r.drafts, RowDrafts) else None for r in entering]
-            host = [pad[: len(r.drafts)] if d is not None else list(r.drafts) for r, d in zip(entering, on_device)]
-            enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *h, *pad[len(h):], r.num_draft]
-                                             for r, h in zip(entering, host)],
-                  entering_lengths, len(rows), g.room, [r.room for r in entering], on_device)
+            enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
+                                             for r in entering], entering_lengths, len(rows),
+                  g.room, [r.room for r in entering])
             for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
                 alloc.extend(r.request_id, length + g.span)
                 alloc.truncate(r.request_id, length, keep_blocks=True)

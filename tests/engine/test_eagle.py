@@ -132,26 +132,3 @@ def test_head_forwards_with_feature_rows_take_the_graph_buckets(smollm, head, pr
     width = fa.shape[1]
     assert all(key[-1] == width for key in [*static.graphs._buckets, *static.prefill_graphs._buckets])
     assert (2, 1, 512, (), width) in static.graphs._buckets and (1, 32, 512, (), width) in static.prefill_graphs._buckets
-
-
-@pytest.mark.parametrize("ks", [(4, 4), (4, 2)])
-def test_drafts_left_on_the_device_are_the_drafts_read(smollm, head, prompts, plain, ks):
-    """``propose(defer=True)``: each row's drafts stay on the device (what a graph's entering row copies in) and
-    read on first look; their length, and a leading slice, are known without reading. The same drafts as read at
-    once, whether every row drafts every step or one stops early (k 2 beside k 4)."""
-    cfg = EngineConfig(kv_cache_tokens=4096, k=4)
-    reqs = []
-    for i, k in enumerate(ks):
-        tokens = prompts[i] + plain[i].new_token_ids[:5]
-        aux = _features(smollm, head, tokens)
-        reqs.append(DraftRequest(f"r{i}", tokens, k, GREEDY, aux[: len(tokens) - 1], 0))
-    want = EagleDrafter("now", head, cfg).propose(reqs).token_ids
-    got = EagleDrafter("later", head, cfg).propose(reqs, defer=True).token_ids
-    assert [len(d) for d in got] == list(ks) and not got[0].pending.read_yet
-    first = got[1][:1]
-    assert len(first) == 1 and not got[0].pending.read_yet  # a slice is still on the device
-    for d, w in zip(got, want):
-        assert d.device.tolist() == w
-    assert not got[0].pending.read_yet
-    assert [list(d) for d in got] == want and got[0].pending.read_yet
-    assert got == want and first == want[1][:1] and list(got[0][1:3]) == want[0][1:3]
