@@ -135,7 +135,7 @@ class EngineConfig:
     fused_rounds: bool | None = None  # rounds as one graph each (engine/rounds/fused.py); None: with cuda_graphs
     # fused rounds speculate only while at most this many requests run: a request running while more do decodes
     # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
-    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 3
+    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 8
     # with a batch policy (spec_max_batch set): "max-batch", the rule above; "cost", per round by the measured cost
     # of a round at this batch size and the requests' acceptance (engine/policy.py; experimental: it misjudged
     # some batch sizes on the H200, bench/RESULTS.md issue 23), spec_max_batch where sizes were not timed
