@@ -80,8 +80,9 @@
 # AH: A/B of BASE=path's tree and this one, ABBA: a prompt's prefill (prefill_probe.py) and the engine alone at c 8
 #    with arrivals one a step (serve_probe.py --modes stagger, NUM default 384 prompts).
 # AI: A/B of BASE=path's tree and this one (ORDER, default "base new"): AF's load (GATEWAYS, TEMPS, NUM) on each.
-# AK: this tree's co-located stack at CONC (default 8) with speculation up to SPEC (default "3 8": the default batch
-#    policy, then TANDEM_SPEC_MAX_BATCH=8), TEMPS (default 0,0.7), NUM (default 512) prompts, GATEWAYS (default 2).
+# AK: this tree's co-located stack at CONC (default 8) with speculation up to SPEC (default "3 8":
+#    TANDEM_SPEC_MAX_BATCH=3, then 8), TEMPS (default 0,0.7), NUM (default 512) prompts, GATEWAYS (default 2), DRAFT
+#    (default auto), DATASET (default humaneval).
 # AJ: A/B of BASE=path's tree and this one (ORDER, default "base new new base"): co-located and split --direct-draft
 #    served at CONC (default 1), TEMPS (default 0,0.7), default prompt counts, PROCS (default 1) client processes.
 source "$(dirname "$0")/env.sh"
@@ -341,6 +342,7 @@ case "${PART:-A}" in
     for m in ${SPEC:-3 8}; do
       tag="$name-spec$m-$SECONDS"
       TANDEM_SPEC_MAX_BATCH=$m timeout 250 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+        --draft ${DRAFT:-auto} --dataset ${DATASET:-humaneval} \
         --gateways ${GATEWAYS:-2} --concurrency ${CONC:-8} --temperatures ${TEMPS:-0,0.7} --num-prompts ${NUM:-512} \
         --max-tokens 128 --client-processes 4 --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       show "$OUT/$tag.json" "spec-max-batch $m"; echo "$m done at $SECONDS s"
