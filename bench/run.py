@@ -24,6 +24,7 @@ import torch
 from bench.timing import PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import DraftSpec, build_drafter
+from engine.policy import load
 from engine.rounds.graph_sampling import Mode
 from engine.models.loader import LoadedModel
 from engine.runner import ModelRunner
@@ -100,12 +101,13 @@ def round_split(timer: PhaseTimer) -> dict:
             "fused_ms": round(fused, 3), "host_ms": round(total - verify - draft - fused, 3)}
 
 
-def _chosen_k(decoder, k: int, batch_size: int) -> int:
+def _chosen_k(decoder, k: int, batch_size: int, greedy: bool) -> int:
     """The k the batch policy chose for rounds of this batch size: by cost (engine/policy.py) the last time it ran
-    one; by --spec-max-batch, 0 above it."""
+    one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it."""
     policy, limit = decoder.fast.policy, decoder.config.spec_max_batch
     if policy is None:  # the max-batch rule (or none)
-        return 0 if decoder.fused_plain is not None and limit is not None and batch_size > limit else k
+        over = limit is not None and load([greedy] * batch_size) > limit
+        return 0 if decoder.fused_plain is not None and over else k
     return policy.chosen.get(policy.bucket(batch_size), k)
 
 
@@ -168,7 +170,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
            "cuda_graphs": cfg.use_cuda_graphs,
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
-            "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size), "policy": _policy(decoder, case.batch_size),
+            "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size, case.temperature == 0),
+            "policy": _policy(decoder, case.batch_size),
             "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, launched ahead but dropped unread (wasted), and launched
             # ahead without rows that had finished (compacted); rows that joined a chain of rounds launched ahead

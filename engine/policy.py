@@ -17,8 +17,15 @@ plain one (k 0). The rule, per round of B rows:
   its own), 2.0 before: every new request speculates until its own figure can decide;
 - ``margin`` (1.05): speculation must promise 5% to be chosen, so a misestimate stays near 1.0x plain.
 
-Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``: speculate
-while at most that many requests run. The chosen k per rows bucket is kept for the metrics (``chosen``).
+Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``. The chosen k
+per rows bucket is kept for the metrics (``chosen``).
+
+The default rule (``--spec-policy max-batch``) is ``spec_max_batch`` alone: speculate while the running requests'
+``load`` is at most it, a greedy request weighing 1 and a sampled one ``SAMPLED_LOAD``. A sampled row's speculative
+round costs more (its drafts' q in and out of the graph, rejection sampling over the vocabulary) and accepts less
+(2.1 tokens a round against 2.7 greedy with the EAGLE head on ShareGPT); served on an H200 with
+``spec_max_batch`` 8 (bench/RESULTS.md, issue 23), greedy speculation gained at 4 and 8 requests, sampled (T 0.7) at
+4 and not at 8.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ HOST_EWMA = 0.2     # weight of a new round's host time
 TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row (the reported running mean)
 PRIOR_ROUNDS = 2    # the prior weighs as much as this many rounds of a request's own
 MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptance counts
+SAMPLED_LOAD = 2    # what a sampled request weighs against spec_max_batch (a greedy one: 1)
+
+
+def load(greedy: Iterable[bool]) -> int:
+    """The running requests' weight against ``spec_max_batch`` (``greedy``: each request's params.greedy)."""
+    return sum(1 if g else SAMPLED_LOAD for g in greedy)
 
 
 class SpecPolicy:

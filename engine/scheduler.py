@@ -24,6 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Sequence
 
 from engine.config import EngineConfig, SamplingParams, check_k
+from engine.policy import load
 from engine.request import Request
 from engine.rounds.base import Path, Reason, RoundItem, RoundPlan, RoutedRow
 from engine.rounds.fast_path import FastPath
@@ -174,13 +175,14 @@ class Scheduler:
 
     def apply_batch_policy(self) -> list[str]:
         """With a batch policy: when a round of this many requests should not speculate (the cost rule,
-        engine/policy.py; where the sizes were not timed, more than ``spec_max_batch`` run), every running request
-        decodes plainly to its end. Returns the requests demoted now (their drafter state is to be released)."""
+        engine/policy.py; where the sizes were not timed, or by default, their ``load`` is above ``spec_max_batch``:
+        a sampled request counts twice), every running request decodes plainly to its end. Returns the requests
+        demoted now (their drafter state is to be released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
         if policy is None:
-            if n <= self.config.spec_max_batch:
+            if load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch:
                 return []
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
                                   if rid not in self.demoted]):

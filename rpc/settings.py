@@ -109,10 +109,11 @@ class EngineSettings(DraftLengthSettings):
                                                    "replay CUDA graphs on cuda)")
     fused_rounds: bool = Field(True, description="a whole round (verify, accept, the next drafts) as one CUDA graph "
                                "wherever graphs are on and the drafter drafts in a graph; off: step by step")
-    spec_max_batch: OptionalInt = Field(8, ge=0, description="fused rounds speculate only while at most N requests "
-                                        "run; a request that runs while more do decodes plainly to its end (none: "
-                                        "always speculate; default 8: on the H200 speculation beats plain decoding "
-                                        "served at 4 and 8 requests, not at 64)")
+    spec_max_batch: OptionalInt = Field(8, ge=0, description="fused rounds speculate only while the running "
+                                        "requests weigh at most N (greedy 1, sampled 2); a request that runs while "
+                                        "more do decodes plainly to its end (none: always speculate; default 8: on "
+                                        "the H200, served, speculation beats plain decoding at 4 and 8 greedy "
+                                        "requests and 4 sampled ones, not at 64)")
     spec_policy: Literal["max-batch", "cost"] = Field(
         "max-batch", description="how fused rounds choose to speculate: max-batch (the --spec-max-batch rule) or "
         "cost (experimental: per round, by the measured cost of a round at this batch size and the requests' "

@@ -7,7 +7,7 @@ the decisions are exact, and the decoder's output stays the target's whatever th
 from __future__ import annotations
 
 from engine.config import SamplingParams
-from engine.policy import MARGIN, PRIOR_TAU, SpecPolicy
+from engine.policy import MARGIN, PRIOR_TAU, SpecPolicy, load
 from tests.conftest import make_decoder
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -89,3 +89,21 @@ def test_the_decoder_demotes_when_the_policy_says_plain_and_decodes_the_same(smo
     assert policy.chosen[4] == 0 and all(o.drafted == 0 for o in got)  # the fallback (8) would have speculated
     [one] = dec.generate(prompts[:1], params)  # alone, a round pays: it speculates
     assert policy.chosen[1] == 4 and one.drafted > 0 and one.new_token_ids == plain[0].new_token_ids
+
+
+def test_the_default_rule_counts_a_sampled_request_twice(smollm):
+    """The max-batch rule (``spec_max_batch`` 4): four greedy requests speculate, two greedy and two sampled (load
+    6) are all demoted at once, two sampled (load 4) speculate; greedy output stays the target's either way."""
+    prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
+    greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3)
+    plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
+    assert load([True, False, True]) == 4 and load([]) == 0
+    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
+    got = dec.generate(prompts, greedy)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain] and sum(o.drafted for o in got) > 0
+    got = dec.generate(prompts, [greedy, greedy, sampled, sampled])
+    assert [o.new_token_ids for o in got[:2]] == [o.new_token_ids for o in plain[:2]]
+    assert all(o.drafted == 0 for o in got)
+    got = dec.generate(prompts[2:], sampled)
+    assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
