@@ -111,7 +111,7 @@ class EngineSettings(DraftLengthSettings):
                                "wherever graphs are on and the drafter drafts in a graph; off: step by step")
     spec_max_batch: OptionalInt = Field(8, ge=0, description="fused rounds speculate only while the running "
                                         "requests weigh at most N (greedy 1, sampled 2); a request that runs while "
-                                        "more do decodes plainly to its end (none: always speculate; default 8: on "
+                                        "more do decodes plainly to its end (none: always speculate; 8, because on "
                                         "the H200, served, speculation beats plain decoding at 4 and 8 greedy "
                                         "requests and 4 sampled ones, not at 64)")
     spec_policy: Literal["max-batch", "cost"] = Field(
