@@ -127,7 +127,7 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     for _ in range(iters):
         dec.step()
     round_ms = (time.perf_counter() - t0) * 1e3 / iters
-    graphs = [g for g in dec.fused._graphs.values() if g.graph is not None]
+    graphs = [g for g in dec.fused.store.graphs.values() if g.graph is not None]
     replay = max(graphs, key=lambda g: g.inputs.shape[0]).graph.replay  # rewrites the same slots: idempotent
     replay_ms = _replay_ms(replay, iters)
     count, kernel_ms, top_rows = _kernels(replay, top)

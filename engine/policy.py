@@ -7,7 +7,7 @@ plain one (k 0). The rule, per round of B rows:
     speculate  iff  tau * (plain(B) + host_plain(B))  >=  margin * (spec(B) + host_spec(B))
 
 - ``spec(B)``, ``plain(B)``: the GPU time of one replay of each graph's rows bucket, per forward (a plain round of
-  several steps is a token's cost), timed right after it was captured (``FusedRounds.replay_ms``);
+  several steps is a token's cost), timed right after it was captured (``GraphStore.replay_ms``);
 - ``host_*(B)``: the host's share of a round of that bucket, learned for each graph from the rounds the engine runs
   (an EWMA of the round's wall time minus its replay; with rounds launched ahead it shrinks to what the GPU does
   not hide; rounds where a request entered the graph, its drafter's first drafts made eagerly, are not counted);

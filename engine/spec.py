@@ -183,7 +183,7 @@ class SpecDecoder:
         """A round on one graph: its cost (and, speculative, its acceptance) for the batch policy."""
         policy, speculative = self.fast.policy, bool(plan.fused)
         rows = len(plan.fused or plan.fused_plain)
-        steps = 1 if speculative else self.fused_plain.steps_for(rows)  # a plain round's cost per token
+        steps = 1 if speculative else self.fused_plain.store.steps_for(rows)  # a plain round's cost per token
         policy.observe(speculative, rows, seconds * 1e3 / steps)
         if speculative and outputs:
             policy.accepted(sum(o.round_accepted + 1 for o in outputs) / len(outputs))

@@ -57,7 +57,7 @@ class FastPath:
         if drafter is not None and config.k and config.spec_max_batch is not None:
             self.fused_plain = graph(0, None)
         if self.fused is not None and self.fused.k and self.fused_plain is not None and config.spec_policy == "cost":
-            self.policy = SpecPolicy(self.fused.k, self.fused.batch_buckets, config.spec_max_batch)
+            self.policy = SpecPolicy(self.fused.k, self.fused.store.batch_buckets, config.spec_max_batch)
 
     @property
     def graphs(self) -> list[FusedRounds]:
@@ -70,15 +70,15 @@ class FastPath:
         size where there is no batch policy), the plain graph for every size (the requests the policy demotes
         decode plainly to their end, as their batch shrinks too)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
+        spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
-            n += self.fused.capture_buckets(max_batch, **kw) + self.fused_plain.capture_buckets(max_batch, **kw)
-            self.policy.timed(self.fused.replay_ms(), self.fused_plain.replay_ms())
+            n += spec.capture_buckets(max_batch, **kw) + plain.capture_buckets(max_batch, **kw)
+            self.policy.timed(spec.replay_ms(), plain.replay_ms())
             return n
-        if self.fused is not None:
-            n += self.fused.capture_buckets(max_batch if self.fused_plain is None else min(spec_max_batch, max_batch),
-                                            **kw)
-        if self.fused_plain is not None and spec_max_batch < max_batch:
-            n += self.fused_plain.capture_buckets(max_batch, **kw)
+        if spec is not None:
+            n += spec.capture_buckets(max_batch if plain is None else min(spec_max_batch, max_batch), **kw)
+        if plain is not None and spec_max_batch < max_batch:
+            n += plain.capture_buckets(max_batch, **kw)
         return n
 
     def expect(self, plan: RoundPlan) -> None:

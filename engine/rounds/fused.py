@@ -23,25 +23,25 @@ Sampling (modes, coins drawn outside the graph): engine/rounds/graph_sampling.py
 Host work per round: grow each row's KV allocation for the round, copy the tokens, block tables
 and (sampled) parameters and coins in, replay, read the one buffer, roll each row's KV back to its
 committed length. Graphs are keyed by (rows bucket, context bucket, sampling mode), captured
-lazily into one pool; on the CPU the same code runs eagerly (``capture=False``), which is how it is
-tested without a GPU. The next round may be launched before this one is read (engine/rounds/ahead.py).
+lazily into one pool (``store``, engine/rounds/graph_store.py); on the CPU the same code runs eagerly
+(``capture=False``), which is how it is tested without a GPU. The next round may be launched before this one is
+read (engine/rounds/ahead.py).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.attention.static import StaticAttention
 from engine.config import SamplingParams
-from engine.graphs import BATCH_BUCKETS, CONTEXT_BUCKETS, PAD_SEQ, capture
+from engine.graphs import PAD_SEQ
 from engine.rounds.ahead import Launch, LaunchedAhead
 from engine.rounds.base import RowResult
 from engine.rounds.chained import compact, enter, next_num_draft
-from engine.rounds.graph_sampling import Mode, RoundSampling
+from engine.rounds.graph_sampling import Mode
+from engine.rounds.graph_store import GraphStore
 from engine.rounds.round_graph import RoundBody, RoundGraph
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
@@ -71,25 +71,20 @@ class FusedRounds:
         if steps < 1 or (k and steps > 1):
             raise ValueError(f"fused rounds: steps must be 1, or more on a plain graph (k 0); got {steps} with k {k}")
         self.target, self.drafter, self.k = target, drafter, k
-        self.steps, self.steps_from = steps, steps_from  # rounds of steps_from rows or more take steps forwards
         self.span = k + steps  # tokens a round writes to a row's KV at most, in any graph
         self.capture = capture
-        self.pipeline_rows = pipeline_rows
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         # a deterministic drafter's drafts are one-hot (no q crosses) and may be fewer than k: a row verifies its
         # leading real drafts, the rest are PLACEHOLDER_TOKEN_ID (the n-gram drafter's lookup)
         self.one_hot = bool(k) and drafter.deterministic
-        self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
-        self.context_buckets = tuple(c for c in CONTEXT_BUCKETS if c < max_context) + (max_context,)
         self.max_context = max_context
         alloc = target.allocator
         if PAD_SEQ not in alloc:
             alloc.extend(PAD_SEQ, 1)
-        self.scratch_block = alloc.block_table(PAD_SEQ)[0]
         self.body = RoundBody(target.model, k, self.one_hot, self.aux_layers, target.device)
+        self.store = GraphStore(target, drafter, self.body, max_batch, max_context, capture, pipeline_rows, steps,
+                                steps_from, alloc.block_table(PAD_SEQ)[0])  # its graphs, by bucket and mode
         self._pad_inputs = torch.tensor([0] * (k + 1) + [k], dtype=torch.long, device=target.device)  # padding row
-        self._graphs: dict[tuple[int, int, Mode], RoundGraph] = {}
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.ahead = LaunchedAhead(alloc)  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
@@ -203,36 +198,18 @@ class FusedRounds:
                 tuple(rows[i].num_draft for i in kept)) is None:
             return None
         need = max(lengths) + 3 * self.span - 1
-        ctx = next((c for c in self.context_buckets if c >= max(launch.g.key[1], need)), None)
+        ctx = next((c for c in self.store.context_buckets if c >= max(launch.g.key[1], need)), None)
         if ctx is None:
             return None
-        key = (self._bucket(len(rows)), ctx, Mode.of([r.params for r in rows]))
-        dst = self._graphs.get(key) or (None if self.capture else self._build(*key))
+        dst = self.store.get((self.store.bucket(len(rows)), ctx, Mode.of([r.params for r in rows])),
+                             build=not self.capture)
         if dst is None or not self._chains(dst, rows, lengths):
             return None
         return dst, kept, entering
 
-    def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
-                        modes: Sequence[Mode] = (Mode.GREEDY, Mode.SAMPLED)) -> int:
-        """Build (on a GPU: capture) now the graphs rounds of ``min_rows`` .. ``max_rows`` rows will take within
-        the first ``contexts`` context buckets, in these sampling modes, before requests arrive: a server's
-        rounds then never wait on a capture. Returns how many were built."""
-        rows = [b for b in self.batch_buckets if b >= min_rows and (b < max_rows or b == self._bucket(max_rows))]
-        built = 0
-        for key in itertools.product(rows, self.context_buckets[:contexts], modes):
-            if key not in self._graphs:
-                self._build(*key)
-                built += 1
-        return built
-
-    def _bucket(self, rows: int) -> int:
-        return next(b for b in self.batch_buckets if b >= rows)
-
     def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> RoundGraph:
-        rows_b = self._bucket(len(rows))
-        ctx = next(c for c in self.context_buckets if c >= max(lengths) + 2 * self.span - 1)
-        mode = Mode.of([r.params for r in rows])
-        return self._graphs.get((rows_b, ctx, mode)) or self._build(rows_b, ctx, mode)
+        ctx = next(c for c in self.store.context_buckets if c >= max(lengths) + 2 * self.span - 1)
+        return self.store.get((self.store.bucket(len(rows)), ctx, Mode.of([r.params for r in rows])))
 
     def _launch(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:
         """A round from the host's state: every input copied in, then the replay."""
@@ -329,7 +306,7 @@ class FusedRounds:
         smallest bucket (same context, same mode) that holds them and chains, else ``src`` itself; returns it."""
         rows_b, ctx, mode = src.key
         if dst is None:
-            dst = self._graphs.get((self._bucket(len(index)), ctx, mode))
+            dst = self.store.get((self.store.bucket(len(index)), ctx, mode), build=False)
             if dst is None or not dst.chains:
                 dst = src
         k, s_in, d_in = self.k, src.sampling, dst.sampling
@@ -337,56 +314,6 @@ class FusedRounds:
         compact((src.inputs, src.attn.kv_lens, src.room, q[0]), (dst.inputs, dst.attn.kv_lens, dst.room, q[1]),
                 (self._pad_inputs, k + 1, 0, None), index, self.target.device)
         return dst
-
-    # ------------------------------------------------------------------ the graph
-    def _build(self, rows: int, ctx: int, mode: Mode) -> RoundGraph:
-        t = self.target
-        blocks = -(-ctx // t.cache.block_size)
-        attn = StaticAttention(t.cache, t.model.config.num_heads, rows, self.k + 1, blocks, self.scratch_block)
-        sampling = None
-        steps = self.steps_for(rows)
-        if mode != Mode.GREEDY:
-            sampling = RoundSampling.allocate(rows, self.k, t.vocab_size, mode == Mode.FILTERED,
-                                              t.device, with_q=not self.one_hot, steps=steps)
-        program = self.drafter.round_program(rows, self.k, blocks, sampling is not None) if self.k else None
-        inputs = torch.zeros(rows, self.k + 2, dtype=torch.long, device=t.device)
-        inputs[:, self.k + 1] = self.k
-        chains = rows <= self.pipeline_rows
-        room = torch.zeros(rows, dtype=torch.long, device=t.device) if chains and self.k else None
-        g = RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
-        with torch.inference_mode():
-            self.body.compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
-        if self.capture:
-            g.graph = capture(lambda: self.body.compute(g), lambda: self.body.compute(g), self._pool, t.device)
-        self._graphs[(rows, ctx, mode)] = g
-        return g
-
-    def steps_for(self, rows: int) -> int:
-        """Forwards a round of this many rows takes (its rows bucket's graph)."""
-        return self.steps if self._bucket(rows) >= self.steps_from else 1
-
-    def replay_ms(self, iters: int = 20) -> dict[int, float]:
-        """GPU time of one replay of each captured rows bucket per forward (a plain round of several steps: divided
-        by them, so a plain token's cost), in the first context bucket, greedy, else sampled, by CUDA events, before
-        any request ran: every row is padding then (its block table the scratch block), so a replay writes nothing
-        but scratch. The cost policy's figures (engine/policy.py); {} where none is captured."""
-        times = {}
-        for (rows, ctx, mode), g in sorted(self._graphs.items(), key=lambda item: -item[0][2]):  # greedy last: wins
-            if g.graph is None or ctx != self.context_buckets[0]:
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            g.graph.replay()
-            start.record()
-            for _ in range(iters):
-                g.graph.replay()
-            end.record()
-            end.synchronize()
-            times[rows] = start.elapsed_time(end) / iters / g.steps
-        return times
-
-    @property
-    def num_captured(self) -> int:
-        return sum(g.graph is not None for g in self._graphs.values())
 
 
 def _real(drafts: Sequence[int]) -> int:

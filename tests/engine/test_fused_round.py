@@ -52,7 +52,7 @@ def test_fused_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, plai
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
     # the drafts made inside the round are the eager drafter's: same acceptance, round for round
     assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
-    assert dec.fused._graphs  # the rounds went through the fast path
+    assert dec.fused.store.graphs  # the rounds went through the fast path
     if k:
         assert sum(o.accepted for o in got) > 0
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
@@ -93,7 +93,7 @@ def test_sampled_rounds_decode_what_the_eager_engine_decodes(smollm, prompts, dr
         got = dec.generate(prompts, ps)
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
         assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
-        assert {key[2] for key in dec.fused._graphs} >= {Mode.FILTERED if filters else Mode.SAMPLED}
+        assert {key[2] for key in dec.fused.store.graphs} >= {Mode.FILTERED if filters else Mode.SAMPLED}
     if draft == "auto":  # the trained head's sampled drafts were accepted in the graph (layer-skip's rarely are)
         assert sum(o.accepted for o in got[:1] + got[2:]) > 0
 
@@ -131,10 +131,10 @@ def test_requests_of_a_batch_above_spec_max_batch_decode_plainly(smollm, prompts
     got = dec.generate(prompts[:3], params)
     assert [o.new_token_ids for o in got[:2]] == [o.new_token_ids for o in want]
     assert len(got[2].new_token_ids) == 12
-    assert all(o.drafted == 0 for o in got) and dec.fused_plain._graphs and not dec.fused._graphs
+    assert all(o.drafted == 0 for o in got) and dec.fused_plain.store.graphs and not dec.fused.store.graphs
     assert not dec.scheduler.demoted and set(dec.drafter.runner.allocator._seqs) <= {PAD_SEQ}  # no head state left behind
     alone = dec.generate(prompts[3:], SamplingParams(max_tokens=24, ignore_eos=True))
-    assert alone[0].accepted > 0 and dec.fused._graphs
+    assert alone[0].accepted > 0 and dec.fused.store.graphs
     assert make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True).fused_plain is None  # default: off
 
 
@@ -177,7 +177,7 @@ def test_plain_rounds_of_several_steps_decode_what_the_eager_engine_decodes(smol
     want_sampled = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, sampled)
     for pipeline in (0, 8):
         dec = _fused(smollm, "none", 0, plain_steps=steps, plain_steps_min_batch=1, pipeline_max_batch=pipeline)
-        assert dec.fused.steps_for(1) == steps
+        assert dec.fused.store.steps_for(1) == steps
         got = dec.generate(prompts, PARAMS)
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
         for o, p in zip(got, PARAMS):  # the prefill's token, then steps a round

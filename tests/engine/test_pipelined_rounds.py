@@ -26,7 +26,7 @@ def prompts(smollm):
 
 def _pipelined(smollm, draft, k, **kw):
     dec = make_decoder(smollm, draft, k=k, cuda_graphs=True, fused_rounds=True, pipeline_max_batch=8, **kw)
-    assert dec.fused is not None and dec.fused.pipeline_rows == 8
+    assert dec.fused is not None and dec.fused.store.pipeline_rows == 8
     return dec
 
 
@@ -175,7 +175,7 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
     dec = _pipelined(smollm, draft, k, spec_max_batch=spec_max_batch, plain_steps=steps,
                      plain_steps_min_batch=steps_from)
     graph = dec.fused if dec.fused_plain is None else dec.fused_plain
-    assert graph.steps_for(1) == (steps if steps_from == 1 else 1) and graph.steps_for(2) == steps
+    assert graph.store.steps_for(1) == (steps if steps_from == 1 else 1) and graph.store.steps_for(2) == steps
     free = [a.free_blocks for a in _allocators(dec)]
     # arrivals one at a time, two in a row, while rounds run launched ahead
     got = _run_arrivals(dec, graph, prompts, order, greedy, (0, 3, 4, 9, 10), 6, steps=80)

@@ -48,8 +48,8 @@ def test_captured_sampled_rounds_equal_the_eager_engine(f32, prompts, draft, k, 
     want = _decoder(f32, draft, k, False).generate(prompts, params)
     dec = _decoder(f32, draft, k, True)
     got = dec.generate(prompts, params)
-    assert dec.fused.num_captured >= 1
-    assert {key[2] for key in dec.fused._graphs} >= {Mode.FILTERED if filters else Mode.SAMPLED}
+    assert dec.fused.store.num_captured >= 1
+    assert {key[2] for key in dec.fused.store.graphs} >= {Mode.FILTERED if filters else Mode.SAMPLED}
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
     assert dec.fused.rounds_ahead > 0  # sampled rounds launched ahead (pipeline_max_batch, 64 by default on cuda)
 
@@ -66,7 +66,7 @@ def test_captured_plain_rounds_of_several_steps_equal_the_eager_engine(f32, prom
     dec.capture_rounds(max_batch=8, modes=tuple(Mode))  # every bucket's graph: finished rows move the chain down
     got = dec.generate(prompts, params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
-    assert dec.fused.steps_for(4) == 4 and dec.fused.steps_for(1) == 1 and dec.fused.rounds_ahead > 0
+    assert dec.fused.store.steps_for(4) == 4 and dec.fused.store.steps_for(1) == 1 and dec.fused.rounds_ahead > 0
     assert dec.fused.compacted >= 1  # into smaller buckets' graphs, the last of them one row's: one step
 
 
@@ -99,7 +99,7 @@ def test_fused_speculative_sampling_keeps_the_target_distribution(f32, prompts):
         got += fused.generate([prompt] * 64, params[i:i + 64])
         want += plain.generate([prompt] * 64, [SamplingParams(**{**p.__dict__, "seed": p.seed + n})
                                                for p in params[i:i + 64]])
-    assert fused.fused.num_captured >= 1 and sum(o.accepted for o in got) > 0
+    assert fused.fused.store.num_captured >= 1 and sum(o.accepted for o in got) > 0
     # the last tokens come from fused rounds (prefill and the first drafts are eager)
     for pos in (length - 2, length - 1):
         a = Counter(o.new_token_ids[pos] for o in got)

@@ -89,7 +89,7 @@ def test_fused_rounds_captured_equal_plain_greedy(f32, prompts, draft, k):
     plain = _decoder(f32, "none", 0, False).generate(prompts, GREEDY)
     dec = _decoder(f32, draft, k, True, fused=True)
     got = dec.generate(prompts, GREEDY)
-    assert dec.fused.num_captured >= 1
+    assert dec.fused.store.num_captured >= 1
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     if k:
         eager = _decoder(f32, draft, k, False).generate(prompts, GREEDY)
@@ -107,7 +107,7 @@ def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
     params = [SamplingParams(max_tokens=16 + 9 * i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
     plain = _decoder(f32, "none", 0, False).generate(prompts, params)
     dec = _decoder(f32, draft, k, True, fused=True)
-    assert dec.fused.pipeline_rows == 64 and dec.fused.steps == (4 if k == 0 else 1)  # plain: 4 tokens a round
+    assert dec.fused.store.pipeline_rows == 64 and dec.fused.store.steps == (4 if k == 0 else 1)  # plain: 4 tokens a round
     got = dec.generate(prompts, params)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     alone = dec.generate(prompts[1:2], params[-1])
@@ -178,10 +178,10 @@ def test_a_servers_round_graphs_are_captured_before_requests_arrive(f32):
     dec = make_decoder(f32, "auto", k=4, max_batch_size=16, device="cuda", dtype="float32", attention="torch",
                        spec_max_batch=3)
     built = dec.capture_rounds()
-    assert built == len(dec.fused._graphs) + len(dec.fused_plain._graphs) > 0
-    before = dec.fused.num_captured + dec.fused_plain.num_captured
+    assert built == len(dec.fused.store.graphs) + len(dec.fused_plain.store.graphs) > 0
+    before = dec.fused.store.num_captured + dec.fused_plain.store.num_captured
     prompts = [f32.tokenizer.encode(t) for t in ("def f(x):", "Hello", "import os", "The sky", "x = 1")]
     for n in (1, 3, 5, 16):  # the speculative graph's sizes, then the plain graph's
         dec.generate([prompts[i % len(prompts)] for i in range(n)],
                      SamplingParams(max_tokens=24, ignore_eos=True))
-    assert dec.fused.num_captured + dec.fused_plain.num_captured == before
+    assert dec.fused.store.num_captured + dec.fused_plain.store.num_captured == before
