@@ -174,10 +174,11 @@ class Scheduler:
         return run, ks, chunks
 
     def apply_batch_policy(self) -> list[str]:
-        """With a batch policy: when a round of this many requests should not speculate (the cost rule,
-        engine/policy.py; where the sizes were not timed, or by default, their ``load`` is above ``spec_max_batch``:
-        a sampled request counts twice), every running request decodes plainly to its end. Returns the requests
-        demoted now (their drafter state is to be released)."""
+        """With a batch policy: when a round of these requests should not speculate (by default their ``load``, a
+        sampled request counting twice, is above ``spec_max_batch``; with ``--spec-policy cost`` the cost rule,
+        engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
+        running request decodes plainly to its end. Returns the requests demoted now (their drafter state is to be
+        released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
