@@ -24,7 +24,7 @@ import torch
 from bench.timing import PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import DraftSpec, build_drafter
-from engine.policy import load
+from engine.policy import spec_load
 from engine.rounds.graph_sampling import Mode
 from engine.models.loader import LoadedModel
 from engine.runner import ModelRunner
@@ -106,7 +106,7 @@ def _chosen_k(decoder, k: int, batch_size: int, greedy: bool) -> int:
     one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it."""
     policy, limit = decoder.fast.policy, decoder.config.spec_max_batch
     if policy is None:  # the max-batch rule (or none)
-        over = limit is not None and load([greedy] * batch_size) > limit
+        over = limit is not None and spec_load([greedy] * batch_size) > limit
         return 0 if decoder.fused_plain is not None and over else k
     return policy.chosen.get(policy.bucket(batch_size), k)
 

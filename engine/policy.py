@@ -21,7 +21,7 @@ Where a bucket was not timed (no GPU, or its graphs were never captured) the rul
 per rows bucket is kept for the metrics (``chosen``).
 
 The default rule (``--spec-policy max-batch``) is ``spec_max_batch`` alone: speculate while the running requests'
-``load`` is at most it, a greedy request weighing 1 and a sampled one ``SAMPLED_LOAD``. A sampled row's speculative
+``spec_load`` is at most it, a greedy request weighing 1 and a sampled one ``SAMPLED_LOAD``. A sampled row's speculative
 round costs more (its drafts' q in and out of the graph, rejection sampling over the vocabulary) and accepts less
 (2.1 tokens a round against 2.7 greedy with the EAGLE head on ShareGPT); served on an H200 with
 ``spec_max_batch`` 8 (bench/RESULTS.md, issue 23), greedy speculation gained at 4 and 8 requests, sampled (T 0.7) at
@@ -44,7 +44,7 @@ MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptanc
 SAMPLED_LOAD = 2    # what a sampled request weighs against spec_max_batch (a greedy one: 1)
 
 
-def load(greedy: Iterable[bool]) -> int:
+def spec_load(greedy: Iterable[bool]) -> int:
     """The running requests' weight against ``spec_max_batch`` (``greedy``: each request's params.greedy)."""
     return sum(1 if g else SAMPLED_LOAD for g in greedy)
 

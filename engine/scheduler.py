@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Sequence
 
 from engine.config import EngineConfig, SamplingParams, check_k
-from engine.policy import load
+from engine.policy import spec_load
 from engine.request import Request
 from engine.rounds.base import Path, Reason, RoundItem, RoundPlan, RoutedRow
 from engine.rounds.fast_path import FastPath
@@ -174,7 +174,7 @@ class Scheduler:
         return run, ks, chunks
 
     def apply_batch_policy(self) -> list[str]:
-        """With a batch policy: when a round of these requests should not speculate (by default their ``load``, a
+        """With a batch policy: when a round of these requests should not speculate (by default their ``spec_load``, a
         sampled request counting twice, is above ``spec_max_batch``; with ``--spec-policy cost`` the cost rule,
         engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
         running request decodes plainly to its end. Returns the requests demoted now (their drafter state is to be
@@ -183,7 +183,7 @@ class Scheduler:
         if self.fast.fused_plain is None or not n:
             return []
         if policy is None:
-            if load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch:
+            if spec_load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch:
                 return []
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
                                   if rid not in self.demoted]):

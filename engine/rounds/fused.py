@@ -40,7 +40,6 @@ from engine.graphs import PAD_SEQ
 from engine.rounds.ahead import Launch, LaunchedAhead
 from engine.rounds.base import RowResult
 from engine.rounds.chained import compact, enter, next_num_draft
-from engine.rounds.graph_sampling import Mode
 from engine.rounds.graph_store import GraphStore
 from engine.rounds.round_graph import RoundBody, RoundGraph
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
@@ -198,18 +197,14 @@ class FusedRounds:
                 tuple(rows[i].num_draft for i in kept)) is None:
             return None
         need = max(lengths) + 3 * self.span - 1
-        ctx = next((c for c in self.store.context_buckets if c >= max(launch.g.key[1], need)), None)
-        if ctx is None:
-            return None
-        dst = self.store.get((self.store.bucket(len(rows)), ctx, Mode.of([r.params for r in rows])),
-                             build=not self.capture)
+        key = self.store.key(len(rows), max(launch.g.key[1], need), [r.params for r in rows])
+        dst = None if key is None else self.store.get(key, build=not self.capture)
         if dst is None or not self._chains(dst, rows, lengths):
             return None
         return dst, kept, entering
 
     def _graph(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> RoundGraph:
-        ctx = next(c for c in self.store.context_buckets if c >= max(lengths) + 2 * self.span - 1)
-        return self.store.get((self.store.bucket(len(rows)), ctx, Mode.of([r.params for r in rows])))
+        return self.store.get(self.store.key(len(rows), max(lengths) + 2 * self.span - 1, [r.params for r in rows]))
 
     def _launch(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:
         """A round from the host's state: every input copied in, then the replay."""

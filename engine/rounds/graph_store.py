@@ -16,6 +16,7 @@ from engine.rounds.graph_sampling import Mode, RoundSampling
 from engine.rounds.round_graph import RoundBody, RoundGraph
 
 if TYPE_CHECKING:
+    from engine.config import SamplingParams
     from engine.drafters.base import Drafter
     from engine.runner import ModelRunner
 
@@ -40,6 +41,12 @@ class GraphStore:
     def steps_for(self, rows: int) -> int:
         """Forwards a round of this many rows takes (its rows bucket's graph)."""
         return self.steps if self.bucket(rows) >= self.steps_from else 1
+
+    def key(self, rows: int, need: int, params: Sequence["SamplingParams"]) -> Key | None:
+        """The graph a round of ``rows`` rows with these params takes, whose longest row needs ``need`` KV entries
+        (None: past the last context bucket)."""
+        ctx = next((c for c in self.context_buckets if c >= need), None)
+        return None if ctx is None else (self.bucket(rows), ctx, Mode.of(params))
 
     def get(self, key: Key, build: bool = True) -> RoundGraph | None:
         """The graph of ``key``; built now if there is none and ``build`` (else None)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SamplingParams
-from engine.rounds.fused import Mode
+from engine.rounds.graph_sampling import Mode
 from engine.graphs import PAD_SEQ
 from tests.conftest import make_decoder
 

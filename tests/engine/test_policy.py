@@ -7,7 +7,7 @@ the decisions are exact, and the decoder's output stays the target's whatever th
 from __future__ import annotations
 
 from engine.config import SamplingParams
-from engine.policy import MARGIN, PRIOR_TAU, SpecPolicy, load
+from engine.policy import MARGIN, PRIOR_TAU, SpecPolicy, spec_load
 from tests.conftest import make_decoder
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -98,7 +98,7 @@ def test_the_default_rule_counts_a_sampled_request_twice(smollm):
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
     sampled = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
-    assert load([True, False, True]) == 4 and load([]) == 0
+    assert spec_load([True, False, True]) == 4 and spec_load([]) == 0
     dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
     got = dec.generate(prompts, greedy)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain] and sum(o.drafted for o in got) > 0

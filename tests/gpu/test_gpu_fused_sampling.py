@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.config import SamplingParams
-from engine.rounds.fused import Mode
+from engine.rounds.graph_sampling import Mode
 from tests.conftest import make_decoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
