@@ -31,7 +31,8 @@ round costs more (its drafts' q in and out of the graph, rejection sampling over
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Sequence
+import time
+from typing import Callable, Iterable, Sequence
 
 log = logging.getLogger("tandem.engine")
 
@@ -42,6 +43,8 @@ TAU_EWMA = 0.05     # weight of a new speculative round's mean tokens per row (t
 PRIOR_ROUNDS = 2    # the prior weighs as much as this many rounds of a request's own
 MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptance counts
 SAMPLED_LOAD = 2    # what a sampled request weighs against spec_max_batch (a greedy one: 1)
+GUARD_ROUNDS = 4    # speculative rounds of a rows bucket the guard sees before their cost decides
+GUARD_PROBE_S = 30.0  # how long the guard trusts a bucket's measured speculative rounds; then it measures again
 
 
 def spec_load(greedy: Iterable[bool]) -> int:
@@ -119,3 +122,66 @@ class SpecPolicy:
             return None
         own = 1.0 + accepted / rounds
         return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
+
+
+class SpecGuard:
+    """The default rule's check where the drafter drafts outside the round's graph (a drafter service's, called over
+    gRPC each round: verifier_svc/remote_drafter.py). Such a round costs the Draft call and an eager verify, which can
+    take longer than the tokens it commits are worth: on an H200 at one request, a split round of 4.2 ms committed
+    2.6 tokens where a plain token costs about 1 ms (bench/RESULTS.md, issue 21). Within ``spec_max_batch`` it lets a
+    rows bucket speculate only while
+
+        tau(B) * plain(B)  >=  MARGIN * spec(B)
+
+    - ``spec(B)``: the mean wall time of the speculative rounds of that bucket it has seen (Draft call included),
+      decided on once ``GUARD_ROUNDS`` were seen;
+    - ``tau(B)``: the mean tokens a row committed in them;
+    - ``plain(B)``: a plain token's cost at that bucket: the plain graph's replay timed at capture (a GPU), then
+      learned from the plain rounds run (an EWMA of a round's wall time per token).
+    Until both are known the bucket speculates (it is measuring). Every ``GUARD_PROBE_S`` seconds a bucket's
+    speculative figures are dropped and measured again, by the requests that start after (the requests the guard
+    stopped decode plainly to their end, as the batch policy's always do): a drafter that got faster is found."""
+
+    def __init__(self, buckets: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.buckets, self.clock = tuple(buckets), clock
+        self.plain_ms: dict[int, float] = {}              # bucket -> ms of a plain token
+        self.spec: dict[int, tuple[float, float, int]] = {}  # bucket -> (sum of round ms, sum of tokens/row, rounds)
+        self.since: dict[int, float] = {}                 # bucket -> when its speculative figures started
+        self.chosen: dict[int, bool] = {}                 # bucket -> its last verdict (for the logs)
+        self.last = True                                  # the verdict last given (for the metrics)
+
+    def bucket(self, rows: int) -> int:
+        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+
+    def timed(self, plain_ms: dict[int, float]) -> None:
+        """The plain graph's replay times by rows bucket (per token), before any request."""
+        for b, ms in plain_ms.items():
+            self.plain_ms.setdefault(b, ms)
+
+    def speculate(self, rows: int) -> bool:
+        """Whether rounds of ``rows`` rows should speculate (True while the figures are not all known)."""
+        b = self.bucket(rows)
+        if b in self.since and self.clock() - self.since[b] > GUARD_PROBE_S:
+            del self.spec[b], self.since[b]  # measure again
+        plain, (spent, tokens, n) = self.plain_ms.get(b), self.spec.get(b, (0.0, 0.0, 0))
+        yes = plain is None or n < GUARD_ROUNDS or tokens / n * plain >= MARGIN * spent / n
+        if self.chosen.get(b) != yes:
+            (log.debug if plain is None or n < GUARD_ROUNDS else log.info)("batch policy: rounds of %d rows (bucket %d) %s: %s", rows, b,
+                     "speculate" if yes else "decode plainly",
+                     "measuring" if plain is None or n < GUARD_ROUNDS else
+                     f"a speculative round {spent / n:.2f} ms for {tokens / n:.2f} tokens a row, a plain token "
+                     f"{plain:.2f} ms")
+        self.chosen[b] = self.last = yes
+        return yes
+
+    def observe(self, speculative: bool, rows: int, round_ms: float, tokens_per_row: float) -> None:
+        """A round of ``rows`` rows, all speculative (drafts from the drafter) or all plain, took ``round_ms`` on the
+        host and committed ``tokens_per_row`` tokens a row (a plain round: its steps)."""
+        b = self.bucket(rows)
+        if not speculative:
+            ms, old = round_ms / max(tokens_per_row, 1.0), self.plain_ms.get(b)
+            self.plain_ms[b] = ms if old is None else (1 - HOST_EWMA) * old + HOST_EWMA * ms
+            return
+        spent, tokens, n = self.spec.get(b, (0.0, 0.0, 0))
+        self.since.setdefault(b, self.clock())
+        self.spec[b] = (spent + round_ms, tokens + tokens_per_row, n + 1)

@@ -175,7 +175,8 @@ class Scheduler:
 
     def apply_batch_policy(self) -> list[str]:
         """With a batch policy: when a round of these requests should not speculate (by default their ``spec_load``, a
-        sampled request counting twice, is above ``spec_max_batch``; with ``--spec-policy cost`` the cost rule,
+        sampled request counting twice, is above ``spec_max_batch``, or, with a drafter outside the graph, its rounds
+        at this size were measured not to pay: engine/policy.py ``SpecGuard``; with ``--spec-policy cost`` the cost rule,
         engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
         running request decodes plainly to its end. Returns the requests demoted now (their drafter state is to be
         released)."""
@@ -183,7 +184,9 @@ class Scheduler:
         if self.fast.fused_plain is None or not n:
             return []
         if policy is None:
-            if spec_load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch:
+            guard = self.fast.guard  # a drafter outside the graph: speculate where its rounds are measured to pay
+            if (spec_load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch
+                    and (guard is None or guard.speculate(n))):
                 return []
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
                                   if rid not in self.demoted]):

@@ -176,6 +176,8 @@ class SpecDecoder:
         if (self.fast.policy is not None and not plan.eager and bool(plan.fused) != bool(plan.fused_plain)
                 and all(row.reason is not Reason.ENTERED for row in plan.fused)):  # steady rounds only
             self._observe(plan, outputs, time.perf_counter() - start)
+        if self.fast.guard is not None:
+            self._guard(plan, outputs, time.perf_counter() - start)
         by_id = {o.request_id: o for o in outputs}
         return [by_id[r.request_id] for r in reqs if r.request_id in by_id]
 
@@ -187,6 +189,18 @@ class SpecDecoder:
         policy.observe(speculative, rows, seconds * 1e3 / steps)
         if speculative and outputs:
             policy.accepted(sum(o.round_accepted + 1 for o in outputs) / len(outputs))
+
+    def _guard(self, plan: RoundPlan, outputs: Sequence[RequestOutput], seconds: float) -> None:
+        """A round all of whose rows asked the drafter (some got drafts), or all on the plain graph: its cost for the
+        guard (engine/policy.py ``SpecGuard``); a round with a prefill or one beside the plain graph says nothing."""
+        eager = plan.eager
+        if (eager and not plan.fused_plain and len(outputs) == len(eager) and any(row.item.drafts for row in eager)
+                and all(row.reason is Reason.DRAFTER_WITHOUT_GRAPH for row in eager)):
+            tokens = sum(o.round_accepted + 1 for o in outputs) / len(outputs)
+            self.fast.guard.observe(True, len(outputs), seconds * 1e3, tokens)
+        elif plan.fused_plain and not plan.eager and not plan.fused:
+            rows = len(plan.fused_plain)
+            self.fast.guard.observe(False, rows, seconds * 1e3, self.fused_plain.store.steps_for(rows))
 
     def propose(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[RoundItem]:
         """Drafts from the embedded drafter (none where k == 0 or there is no drafter)."""

@@ -83,6 +83,8 @@ def snapshot(engine, loop: RoundLoop) -> dict[str, Any]:
            "prefill_chunks": engine.prefill_chunks}
     if dec.fast.policy is not None:
         out["spec_k"] = dec.fast.policy.last_k
+    elif dec.fast.guard is not None:
+        out["spec_k"] = dec.config.k if dec.fast.guard.last else 0
     if isinstance(dec.drafter, RemoteDrafter):  # a drafter service this verifier calls (--direct-drafter-address)
         out["draft_calls"], out["draft_call_s"] = dec.drafter.stats(), dec.drafter.call_s
     return out

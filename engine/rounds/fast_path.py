@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.policy import SpecPolicy
+from engine.policy import SpecGuard, SpecPolicy
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
 from engine.rounds.graph_sampling import Mode
@@ -44,6 +44,7 @@ class FastPath:
         self.fused_plain: FusedRounds | None = None
         self.next_drafts: dict[str, NextDrafts] = {}
         self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
+        self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (engine/policy.py)
         if not config.use_fused_rounds:
             return
 
@@ -58,6 +59,8 @@ class FastPath:
             self.fused_plain = graph(0, None)
         if self.fused is not None and self.fused.k and self.fused_plain is not None and config.spec_policy == "cost":
             self.policy = SpecPolicy(self.fused.k, self.fused.store.batch_buckets, config.spec_max_batch)
+        if self.fused is None and self.fused_plain is not None and config.spec_policy == "max-batch":
+            self.guard = SpecGuard(self.fused_plain.store.batch_buckets)
 
     @property
     def graphs(self) -> list[FusedRounds]:
@@ -68,7 +71,8 @@ class FastPath:
         policy (a drafter drafting in the graph and a batch policy): both graphs at every size, then each bucket's
         replay timed for the policy. Else the speculative graph for rounds of up to ``spec_max_batch`` rows (every
         size where there is no batch policy), the plain graph for every size (the requests the policy demotes
-        decode plainly to their end, as their batch shrinks too)."""
+        decode plainly to their end, as their batch shrinks too; with a drafter outside the graph, each bucket's
+        replay timed for the guard)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
@@ -77,8 +81,10 @@ class FastPath:
             return n
         if spec is not None:
             n += spec.capture_buckets(max_batch if plain is None else min(spec_max_batch, max_batch), **kw)
-        if plain is not None and spec_max_batch < max_batch:
+        if plain is not None and (spec_max_batch < max_batch or self.guard is not None):
             n += plain.capture_buckets(max_batch, **kw)
+        if self.guard is not None:  # what a plain token costs, against the drafter's rounds measured later
+            self.guard.timed(plain.replay_ms())
         return n
 
     def expect(self, plan: RoundPlan) -> None:

@@ -6,8 +6,11 @@ the decisions are exact, and the decoder's output stays the target's whatever th
 
 from __future__ import annotations
 
-from engine.config import SamplingParams
-from engine.policy import MARGIN, PRIOR_TAU, SpecPolicy, spec_load
+from engine.config import EngineConfig, SamplingParams
+from engine.drafters.ngram import NgramDrafter
+from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
+from engine.runner import ModelRunner
+from engine.spec import SpecDecoder
 from tests.conftest import make_decoder
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -107,3 +110,61 @@ def test_the_default_rule_counts_a_sampled_request_twice(smollm):
     assert all(o.drafted == 0 for o in got)
     got = dec.generate(prompts[2:], sampled)
     assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_guard_measures_then_stops_rounds_that_do_not_pay_and_measures_again():
+    """A drafter outside the graph: rounds of 4.2 ms committing 2.6 tokens a row against a 1 ms plain token (the split
+    at one request on an H200) do not pay; 2.6 tokens for 2.0 ms do. Until it has seen GUARD_ROUNDS speculative
+    rounds of a bucket, or before a plain token's cost is known, the bucket speculates (it is measuring)."""
+    clock = _Clock()
+    g = SpecGuard(BUCKETS, clock)
+    assert g.speculate(1)                          # nothing known
+    for _ in range(GUARD_ROUNDS):
+        g.observe(True, 1, 4.2, 2.6)
+    assert g.speculate(1)                          # no plain cost yet
+    g.timed({b: 1.0 for b in BUCKETS})
+    assert not g.speculate(1) and not g.last and g.speculate(8)  # bucket 8 not measured yet
+    for _ in range(50):                            # plain rounds of 4 steps at 3.2 ms: a token 0.8 ms
+        g.observe(False, 1, 3.2, 4)
+    assert abs(g.plain_ms[1] - 0.8) < 1e-3 and not g.speculate(1)
+    clock.now = GUARD_PROBE_S + 1                  # time to measure again
+    assert g.speculate(1)
+    for _ in range(GUARD_ROUNDS):
+        assert g.speculate(1)
+        g.observe(True, 1, 1.9, 2.6)               # the drafter got faster: 2.6 * 0.8 >= 1.05 * 1.9
+    assert g.speculate(1)
+    g.observe(True, 1, 3.0, 2.6)                   # a slow round moves the mean: 2.6 * 0.8 < 1.05 * 2.12
+    assert not g.speculate(1)
+
+
+def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smollm):
+    """A decoder whose drafter drafts on the host (outside the graph, as a drafter service's): given a plain token
+    that costs next to nothing, the guard demotes the requests once it has measured their speculative rounds, and the
+    output stays plain greedy; given a dear plain token they speculate to the end."""
+    prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a")]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
+                          spec_max_batch=8)
+    drafted = {}
+    for plain_ms in (1e-6, 1e6):
+        dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
+        assert dec.fused is None and dec.fast.guard is not None
+        dec.fast.guard.timed({b: plain_ms for b in BUCKETS})
+        got = dec.generate(prompts, params)
+        assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+        assert all(o.drafted > 0 for o in got)     # every request speculated while the guard measured
+        spent, tokens, rounds = dec.fast.guard.spec[2]
+        assert rounds >= GUARD_ROUNDS and tokens / rounds >= 1.0
+        drafted[plain_ms] = [o.drafted for o in got]
+    # demoted after the rounds it measured (a round's 4 drafts each), against drafting to the end
+    assert all(d <= 4 * (GUARD_ROUNDS + 1) for d in drafted[1e-6])
+    assert all(d > 4 * (GUARD_ROUNDS + 1) for d in drafted[1e6])

@@ -71,3 +71,25 @@ def test_shipped_configuration_decodes_plain_greedy(f32, reference, variant):
         assert dec.fused.rounds > 0 and dec.fused.rounds_ahead > 0
         assert dec.fused_plain is not None and dec.fused_plain.rounds > 0
         assert sum(dec.fast_path_exits.values()) == 0, dec.fast_path_exits
+
+
+def test_a_drafter_outside_the_graph_is_guarded_by_timed_costs(f32, reference):
+    """The shipped settings with a drafter that drafts on the host, outside the round's graph (as a drafter
+    service's does in split mode): the plain graph's replays are timed at capture, the speculative rounds as they run,
+    and the guard (engine/policy.py SpecGuard) decides from both; whichever it decides, output is plain greedy."""
+    from engine.drafters.ngram import NgramDrafter
+    from engine.policy import GUARD_ROUNDS
+
+    prompts, lengths, plain = reference
+    config = EngineSettings(**NUMERICS).engine_config()
+    dec = SpecDecoder(ModelRunner(f32.model, config), f32.tokenizer, config, NgramDrafter())
+    assert dec.fused is None and dec.fast.guard is not None
+    dec.capture_rounds()
+    guard = dec.fast.guard
+    assert guard.plain_ms and all(ms > 0 for ms in guard.plain_ms.values())
+    for n in (1, 8):
+        assert _greedy(dec, prompts[:n], lengths[:n]) == plain[n], n
+    spent, tokens, rounds = guard.spec[1]
+    assert rounds >= GUARD_ROUNDS and tokens / rounds >= 1.0
+    pays = tokens / rounds * guard.plain_ms[1] >= 1.05 * spent / rounds
+    assert guard.speculate(1) is pays  # its verdict is its figures'
