@@ -138,9 +138,10 @@ class SpecGuard:
     - ``tau(B)``: the mean tokens a row committed in them;
     - ``plain(B)``: a plain token's cost at that bucket: the plain graph's replay timed at capture (a GPU), then
       learned from the plain rounds run (an EWMA of a round's wall time per token).
-    Until both are known the bucket speculates (it is measuring). Every ``GUARD_PROBE_S`` seconds a bucket's
-    speculative figures are dropped and measured again, by the requests that start after (the requests the guard
-    stopped decode plainly to their end, as the batch policy's always do): a drafter that got faster is found."""
+    Until both are known the bucket speculates (it is measuring), unless a smaller bucket was measured not to pay.
+    A bucket's speculative figures are dropped and measured again once they are ``GUARD_PROBE_S`` old, at a moment
+    no running request decodes plainly (the requests the guard stopped decode plainly to their end, as the batch
+    policy's always do): a drafter that got faster is found after a lull in the load."""
 
     def __init__(self, buckets: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
         self.buckets, self.clock = tuple(buckets), clock
@@ -158,21 +159,35 @@ class SpecGuard:
         for b, ms in plain_ms.items():
             self.plain_ms.setdefault(b, ms)
 
-    def speculate(self, rows: int) -> bool:
-        """Whether rounds of ``rows`` rows should speculate (True while the figures are not all known)."""
+    def speculate(self, rows: int, clean: bool = True) -> bool:
+        """Whether rounds of ``rows`` rows should speculate. ``clean``: no running request decodes plainly, so the
+        rounds to come can be measured: only then are figures older than ``GUARD_PROBE_S`` dropped (with requests
+        decoding plainly beside them, new requests' rounds mix both graphs and measure neither)."""
+        now = self.clock()
+        if clean:
+            for old in [b for b, t in self.since.items() if now - t > GUARD_PROBE_S]:
+                del self.spec[old], self.since[old]
         b = self.bucket(rows)
-        if b in self.since and self.clock() - self.since[b] > GUARD_PROBE_S:
-            del self.spec[b], self.since[b]  # measure again
-        plain, (spent, tokens, n) = self.plain_ms.get(b), self.spec.get(b, (0.0, 0.0, 0))
-        yes = plain is None or n < GUARD_ROUNDS or tokens / n * plain >= MARGIN * spent / n
+        own = self._pays(b)
+        # a bucket not measured yet does not speculate where a smaller one was measured not to pay: a drafter's round
+        # grows with its rows (its Draft call, its eager verify) where a plain token hardly does
+        yes = own if own is not None else all(self._pays(s) is not False for s in self.buckets if s < b)
         if self.chosen.get(b) != yes:
-            (log.debug if plain is None or n < GUARD_ROUNDS else log.info)("batch policy: rounds of %d rows (bucket %d) %s: %s", rows, b,
-                     "speculate" if yes else "decode plainly",
-                     "measuring" if plain is None or n < GUARD_ROUNDS else
-                     f"a speculative round {spent / n:.2f} ms for {tokens / n:.2f} tokens a row, a plain token "
-                     f"{plain:.2f} ms")
+            spent, tokens, n = self.spec.get(b, (0.0, 0.0, 0))
+            (log.debug if own is None else log.info)(
+                "batch policy: rounds of %d rows (bucket %d) %s: %s", rows, b, "speculate" if yes else "decode plainly",
+                ("measuring" if yes else "a smaller bucket does not pay") if own is None else
+                f"a speculative round {spent / n:.2f} ms for {tokens / n:.2f} tokens a row, a plain token "
+                f"{self.plain_ms[b]:.2f} ms")
         self.chosen[b] = self.last = yes
         return yes
+
+    def _pays(self, b: int) -> bool | None:
+        """Whether bucket ``b``'s speculative rounds were measured to pay (None: not measured)."""
+        plain, (spent, tokens, n) = self.plain_ms.get(b), self.spec.get(b, (0.0, 0.0, 0))
+        if plain is None or n < GUARD_ROUNDS:
+            return None
+        return tokens / n * plain >= MARGIN * spent / n
 
     def observe(self, speculative: bool, rows: int, round_ms: float, tokens_per_row: float) -> None:
         """A round of ``rows`` rows, all speculative (drafts from the drafter) or all plain, took ``round_ms`` on the

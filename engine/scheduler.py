@@ -186,7 +186,7 @@ class Scheduler:
         if policy is None:
             guard = self.fast.guard  # a drafter outside the graph: speculate where its rounds are measured to pay
             if (spec_load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch
-                    and (guard is None or guard.speculate(n))):
+                    and (guard is None or guard.speculate(n, clean=not self.demoted))):
                 return []
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
                                   if rid not in self.demoted]):

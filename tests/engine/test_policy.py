@@ -131,12 +131,14 @@ def test_the_guard_measures_then_stops_rounds_that_do_not_pay_and_measures_again
         g.observe(True, 1, 4.2, 2.6)
     assert g.speculate(1)                          # no plain cost yet
     g.timed({b: 1.0 for b in BUCKETS})
-    assert not g.speculate(1) and not g.last and g.speculate(8)  # bucket 8 not measured yet
+    assert not g.speculate(1) and not g.last
+    assert not g.speculate(8)                      # not measured, but a smaller bucket does not pay
     for _ in range(50):                            # plain rounds of 4 steps at 3.2 ms: a token 0.8 ms
         g.observe(False, 1, 3.2, 4)
     assert abs(g.plain_ms[1] - 0.8) < 1e-3 and not g.speculate(1)
-    clock.now = GUARD_PROBE_S + 1                  # time to measure again
-    assert g.speculate(1)
+    clock.now = GUARD_PROBE_S + 1                  # time to measure again, but requests decode plainly beside:
+    assert not g.speculate(1, clean=False)         # new ones' rounds would mix both graphs; the verdict holds
+    assert g.speculate(1, clean=True) and g.speculate(8)  # a lull: measure again, every bucket
     for _ in range(GUARD_ROUNDS):
         assert g.speculate(1)
         g.observe(True, 1, 1.9, 2.6)               # the drafter got faster: 2.6 * 0.8 >= 1.05 * 1.9
@@ -168,3 +170,31 @@ def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smo
     # demoted after the rounds it measured (a round's 4 drafts each), against drafting to the end
     assert all(d <= 4 * (GUARD_ROUNDS + 1) for d in drafted[1e-6])
     assert all(d > 4 * (GUARD_ROUNDS + 1) for d in drafted[1e6])
+
+
+def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(smollm):
+    """Requests arrive one by one: the first speculates until the guard has measured rounds of one row not to pay,
+    then decodes plainly; the second arrives beside it (two rows, a bucket never measured, whose rounds would mix the
+    plain graph and the drafter's) and decodes plainly from its first round. Output stays plain greedy."""
+    prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a")]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
+                          spec_max_batch=8)
+    dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
+    dec.fast.guard.timed({b: 1e-6 for b in BUCKETS})
+    first = dec.add_request(prompts[0], params)
+    tokens = {first: []}
+    for _ in range(GUARD_ROUNDS + 2):
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+    assert dec.scheduler.demoted == {first} and dec.fast.guard.chosen == {1: False}
+    second = dec.add_request(prompts[1], params)
+    tokens[second] = []
+    last = {}
+    while dec.has_unfinished():
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+            last[o.request_id] = o
+    assert [tokens[first], tokens[second]] == [o.new_token_ids for o in plain]
+    assert last[second].drafted == 0 and not dec.fast.guard.chosen[2]
