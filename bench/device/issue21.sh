@@ -85,6 +85,8 @@
 #    (default auto), DATASET (default humaneval).
 # AJ: A/B of BASE=path's tree and this one (ORDER, default "base new new base"): co-located and split --direct-draft
 #    served at CONC (default 1), TEMPS (default 0,0.7), default prompt counts, PROCS (default 1) client processes.
+# AL: A/B of BASE=path's tree and this one (ORDER, default "base new"): the split stack (--direct-draft) alone with
+#    GATEWAYS (default 2) gateway processes at CONC (default 1,8), TEMPS (default 0), PROCS (default 4) client processes.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -355,6 +357,15 @@ case "${PART:-A}" in
         --servers tandem-colocated,tandem-split-direct --concurrency ${CONC:-1} --temperatures ${TEMPS:-0,0.7} \
         --max-tokens 128 --client-processes ${PROCS:-1} --attention torch --device cuda --out-dir "$OUT" \
         > "$OUT/$tag.log" 2>&1)
+      show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AL)
+    for t in ${ORDER:-base new}; do
+      tree=$([ $t = base ] && echo "$BASE" || echo .)
+      tag="$name-splitonly-$t-$SECONDS"
+      (cd "$tree" && timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-split-direct \
+        --gateways ${GATEWAYS:-2} --concurrency ${CONC:-1,8} --temperatures ${TEMPS:-0} --max-tokens 128 \
+        --client-processes ${PROCS:-4} --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AE)
