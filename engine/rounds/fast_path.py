@@ -59,7 +59,7 @@ class FastPath:
             self.fused_plain = graph(0, None)
         if self.fused is not None and self.fused.k and self.fused_plain is not None and config.spec_policy == "cost":
             self.policy = SpecPolicy(self.fused.k, self.fused.store.batch_buckets, config.spec_max_batch)
-        if self.fused is None and self.fused_plain is not None and config.spec_policy == "max-batch":
+        if self.fused is None and self.fused_plain is not None:  # (the cost rule needs a speculative graph to time)
             self.guard = SpecGuard(self.fused_plain.store.batch_buckets)
 
     @property

@@ -6,6 +6,8 @@ the decisions are exact, and the decoder's output stays the target's whatever th
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.ngram import NgramDrafter
 from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
@@ -156,10 +158,12 @@ def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smo
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=8)
+    cost = dataclasses.replace(config, spec_policy="cost")  # the cost rule times a speculative graph: there is none
+    assert SpecDecoder(ModelRunner(smollm.model, cost), smollm.tokenizer, cost, NgramDrafter()).fast.guard is not None
     drafted = {}
     for plain_ms in (1e-6, 1e6):
         dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
-        assert dec.fused is None and dec.fast.guard is not None
+        assert dec.fused is None and dec.fast.guard is not None and dec.fast.policy is None
         dec.fast.guard.timed({b: plain_ms for b in BUCKETS})
         got = dec.generate(prompts, params)
         assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
@@ -182,7 +186,10 @@ def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=8)
     dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
-    dec.fast.guard.timed({b: 1e-6 for b in BUCKETS})
+    guard = dec.fast.guard
+    guard.timed({b: 1e-6 for b in BUCKETS})
+    observe = guard.observe  # the CPU's plain rounds would teach it a plain token's cost a GPU never has
+    guard.observe = lambda speculative, *args: observe(speculative, *args) if speculative else None
     first = dec.add_request(prompts[0], params)
     tokens = {first: []}
     for _ in range(GUARD_ROUNDS + 2):
