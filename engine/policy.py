@@ -128,7 +128,7 @@ class SpecGuard:
     """The default rule's check where the drafter drafts outside the round's graph (a drafter service's, called over
     gRPC each round: verifier_svc/remote_drafter.py). Such a round costs the Draft call and an eager verify, which can
     take longer than the tokens it commits are worth: on an H200 at one request, a split round of 4.2 ms committed
-    2.6 tokens where a plain token costs about 1 ms (bench/RESULTS.md, issue 21). Within ``spec_max_batch`` it lets a
+    2.5 tokens where a plain token costs about 1 ms (bench/RESULTS.md, issue 21). Within ``spec_max_batch`` it lets a
     rows bucket speculate only while
 
         tau(B) * plain(B)  >=  MARGIN * spec(B)

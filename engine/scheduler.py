@@ -176,8 +176,8 @@ class Scheduler:
     def apply_batch_policy(self) -> list[str]:
         """With a batch policy: when a round of these requests should not speculate (by default their ``spec_load``, a
         sampled request counting twice, is above ``spec_max_batch``, or, with a drafter outside the graph, its rounds
-        at this size were measured not to pay: engine/policy.py ``SpecGuard``; with ``--spec-policy cost`` the cost rule,
-        engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
+        at this size were measured not to pay: engine/policy.py ``SpecGuard``; with ``--spec-policy cost`` the cost
+        rule, engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
         running request decodes plainly to its end. Returns the requests demoted now (their drafter state is to be
         released)."""
         policy, n = self.fast.policy, len(self.requests)

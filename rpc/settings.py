@@ -113,8 +113,8 @@ class EngineSettings(DraftLengthSettings):
                                         "requests weigh at most N (greedy 1, sampled 2); a request that runs while "
                                         "more do decodes plainly to its end (none: always speculate; 8, because on "
                                         "the H200, served, speculation beats plain decoding at 4 and 8 greedy "
-                                        "requests and 4 sampled ones, not at 64); with a drafter service (split), also not where its rounds were "
-                                        "timed slower than plain decoding")
+                                        "requests and 4 sampled ones, not at 64); with a drafter service (split), "
+                                        "also not where its rounds were timed slower than plain decoding")
     spec_policy: Literal["max-batch", "cost"] = Field(
         "max-batch", description="how fused rounds choose to speculate: max-batch (the --spec-max-batch rule) or "
         "cost (experimental: per round, by the measured cost of a round at this batch size and the requests' "

@@ -44,7 +44,7 @@ class FastPath:
         self.fused_plain: FusedRounds | None = None
         self.next_drafts: dict[str, NextDrafts] = {}
         self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
-        self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (engine/policy.py)
+        self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (policy.py)
         if not config.use_fused_rounds:
             return
 
