@@ -47,6 +47,11 @@ GUARD_ROUNDS = 4    # speculative rounds of a rows bucket the guard sees before 
 GUARD_PROBE_S = 30.0  # how long the guard trusts a bucket's measured speculative rounds; then it measures again
 
 
+def rows_bucket(buckets: Sequence[int], rows: int) -> int:
+    """The smallest of ``buckets`` (ascending) that holds ``rows`` rows (the largest where none does)."""
+    return next((b for b in buckets if b >= rows), buckets[-1])
+
+
 def spec_load(greedy: Iterable[bool]) -> int:
     """The running requests' weight against ``spec_max_batch`` (``greedy``: each request's params.greedy)."""
     return sum(1 if g else SAMPLED_LOAD for g in greedy)
@@ -63,7 +68,7 @@ class SpecPolicy:
         self.last_k = k                       # the k chosen last
 
     def bucket(self, rows: int) -> int:
-        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+        return rows_bucket(self.buckets, rows)
 
     def timed(self, spec_ms: dict[int, float], plain_ms: dict[int, float]) -> None:
         """The replay times of the captured graphs, by rows bucket."""
@@ -152,7 +157,7 @@ class SpecGuard:
         self.last = True                                  # the verdict last given (for the metrics)
 
     def bucket(self, rows: int) -> int:
-        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+        return rows_bucket(self.buckets, rows)
 
     def timed(self, plain_ms: dict[int, float]) -> None:
         """The plain graph's replay times by rows bucket (per token), before any request."""

@@ -184,8 +184,9 @@ class Scheduler:
         if self.fast.fused_plain is None or not n:
             return []
         if policy is None:
-            guard = self.fast.guard  # a drafter outside the graph: speculate where its rounds are measured to pay
-            if (spec_load(r.params.greedy for r in self.requests.values()) <= self.config.spec_max_batch
+            guard, limit = self.fast.guard, self.config.spec_max_batch  # guard: a drafter outside the graph
+            # (n above the limit is over it whatever the load: every request weighs at least 1)
+            if (n <= limit and spec_load(r.params.greedy for r in self.requests.values()) <= limit
                     and (guard is None or guard.speculate(n, clean=not self.demoted))):
                 return []
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()

@@ -78,7 +78,7 @@ def test_a_drafter_outside_the_graph_is_guarded_by_timed_costs(f32, reference):
     service's does in split mode): the plain graph's replays are timed at capture, the speculative rounds as they run,
     and the guard (engine/policy.py SpecGuard) decides from both; whichever it decides, output is plain greedy."""
     from engine.drafters.ngram import NgramDrafter
-    from engine.policy import GUARD_ROUNDS
+    from engine.policy import GUARD_ROUNDS, MARGIN
 
     prompts, lengths, plain = reference
     config = EngineSettings(**NUMERICS).engine_config()
@@ -91,5 +91,5 @@ def test_a_drafter_outside_the_graph_is_guarded_by_timed_costs(f32, reference):
         assert _greedy(dec, prompts[:n], lengths[:n]) == plain[n], n
     spent, tokens, rounds = guard.spec[1]
     assert rounds >= GUARD_ROUNDS and tokens / rounds >= 1.0
-    pays = tokens / rounds * guard.plain_ms[1] >= 1.05 * spent / rounds
+    pays = tokens / rounds * guard.plain_ms[1] >= MARGIN * spent / rounds
     assert guard.speculate(1, clean=False) is pays  # its verdict is its figures' (clean=False: none expire now)
