@@ -87,6 +87,9 @@
 #    served at CONC (default 1), TEMPS (default 0,0.7), default prompt counts, PROCS (default 1) client processes.
 # AL: A/B of BASE=path's tree and this one (ORDER, default "base new"): the split stack (--direct-draft) alone with
 #    GATEWAYS (default 2) gateway processes at CONC (default 1,8), TEMPS (default 0), PROCS (default 4) client processes.
+# AM: the co-located stack against the split one (SERVERS) where both decode plainly: CONC (default 8), TEMPS (default
+#    0.7), NUM (default 1,024) prompts, 2 gateways, 4 client processes; the verifier's engine process sampled by py-spy
+#    mid-load (Python stacks with idle frames, then native ones; carry [".carry/env", ".whl"]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -368,6 +371,18 @@ case "${PART:-A}" in
         --client-processes ${PROCS:-4} --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AM)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    for srv in ${SERVERS:-tandem-colocated tandem-split-direct}; do
+      tag="$name-plain-$srv-$SECONDS" log="$OUT/$name-plain-$srv.log"
+      (for _ in $(seq 900); do grep -q "measuring $srv at concurrency" "$log" 2>/dev/null && break; sleep 0.3; done
+       sleep 3; pid=$(pgrep -f "cli.main verifier" | head -1); eng=$(pgrep -P "$pid" -f spawn_main | head -1)
+       spy "$eng" "$srv" -r 250 --threads --idle --nonblocking; spy "$eng" "$srv-native" -r 100 --threads --native) &
+      timeout 250 python3 -m cli.main bench-serve --name "$tag" --servers $srv --gateways 2 \
+        --concurrency ${CONC:-8} --temperatures ${TEMPS:-0.7} --num-prompts ${NUM:-1024} --max-tokens 128 \
+        --client-processes 4 --attention torch --device cuda --out-dir "$OUT" > "$log" 2>&1
+      wait; show "$OUT/$tag.json" "$srv"; echo "$srv done at $SECONDS s"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png; wc -l "$OUT"/pyspy-*.txt ;;
   AE)
     timeout ${LIMIT:-560} python3 -m pytest -q tests/gpu -p no:cacheprovider > "$OUT/$name-gpu-tests.log" 2>&1
     tail -15 "$OUT/$name-gpu-tests.log" ;;
