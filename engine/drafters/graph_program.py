@@ -13,9 +13,9 @@ on, so entry p lives at KV index p - first_position. In the graph it
 Every length is derived on the device from ``num_accepted``; the host only grows each request's
 KV before the round (to L + 2k entries) and cuts it to the committed length after. In a sampling
 round every draft is picked as ``DraftSampler.pick`` picks it (``pick_in_graph``: argmax for greedy
-rows, the exponential race over q for sampled ones) with noise drawn for every row into ``noise``
-before the replay (one launch: each request's ``Stream.DRAFT`` at its draw number, k steps' columns),
-the draws the eager drafter would make; the q of each draft goes back with the drafts.
+rows, the exponential race over q for sampled ones) with noise the graph draws into ``noise`` first
+(one launch: each request's ``Stream.DRAFT`` at the draw number the host wrote to ``draws``, k steps'
+columns), the draws the eager drafter would make; the q of each draft goes back with the drafts.
 """
 
 from __future__ import annotations
@@ -84,14 +84,11 @@ class GraphDraftProgram:
         self.grow(rows)
         self.catch.set_rows([alloc.block_table(rid) for rid, _, _ in rows],
                             None if chained else [length + k + 2 - first for _, length, _ in rows])
-        if self.noise is not None and any(not params.greedy for _, _, params in rows):
+        if self.noise is not None and any(not params.greedy for _, _, params in rows):  # (the graph draws its noise)
             pad = [0] * (self.rows - len(rows))
             self.draws.copy_(torch.tensor([[params.seed for _, _, params in rows] + pad,
                                            [self.sampler.draw_number(rid) for rid, _, _ in rows] + pad]),
                              non_blocking=True)
-            n = len(rows)  # the batch's rows only: a padding row's noise goes unread
-            coins.fill(self.noise.view(self.rows, -1)[:n], self.draws[0, :n], self.draws[1, :n], coins.Stream.DRAFT,
-                       exponential=True)
             self.sampler.end_round((rid, params) for rid, _, params in rows)
 
     def rewind(self, request_ids: Sequence[str]) -> None:
@@ -123,6 +120,9 @@ class GraphDraftProgram:
               kv_lens: torch.Tensor, sampling: "RoundSampling | None" = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         k = self.k
+        if sampling is not None and self.noise is not None:  # every row's, at the draws the host wrote
+            coins.fill(self.noise.view(self.rows, -1), self.draws[0], self.draws[1], coins.Stream.DRAFT,
+                       exponential=True)
         kv = kv_lens + 1 - self.first_position                                  # entries up to L + k + 1
         self.catch.kv_lens.copy_(kv)
         self.catch.prepare()

@@ -1,11 +1,13 @@
 """A fused round's sampling: which acceptance its graph is built for (``Mode``) and the device buffers a sampling
 round refills before each replay (``RoundSampling``).
 
-Randomness never comes from inside a graph: a sampled row's coins (k uniforms and one row of Exponential(1)
-noise per round, as the eager round draws them) are drawn for the whole batch into these buffers before the
-replay, one launch each, from the requests' seeds and draw numbers (engine/sampling/coins.py); the drafter
-draws its noise the same way. So a seeded request decodes the same tokens on the fast path as on the eager
-one.
+No generator state lives in a graph: a sampled row's coins (k uniforms and one row of Exponential(1) noise per
+step, as the eager round draws them) are counter-based (engine/sampling/coins.py), a pure function of the row's
+seed and draw number. The host writes those two numbers per row into ``draws`` before each replay; the graph draws
+the coins from them itself (``draw``, one launch per kind, captured with the round), as the drafter's part draws
+its noise. So a seeded request decodes the same tokens on the fast path as on the eager one, and a sampled round
+costs the host no launches of its own (they cost 15-20 % of a served sampled round's host time on an H100 when the
+host launched them: bench/RESULTS.md, issue 21).
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ class Mode(enum.IntEnum):
 
 @dataclass
 class RoundSampling:
-    """Device buffers of a sampling round, refilled on the host before each replay (padding rows greedy).
-
-    The per-row parameters cross in one copy (``params`` [R, 4], ``engine.sampling.pack_rows``);
-    ``unpack`` turns them into the tensors below inside the graph, once per round."""
+    """Device buffers of a sampling round: the host refills ``params`` and ``draws`` before each replay (padding
+    rows greedy); inside the graph ``draw`` fills the coins from ``draws`` and ``unpack`` turns ``params``
+    ([R, 4], one copy: ``engine.sampling.pack_rows``) into the tensors below, once per round."""
 
     filtered: bool
     params: torch.Tensor       # [R, 4] float32
@@ -69,6 +70,15 @@ class RoundSampling:
                    torch.zeros(rows, k, vocab, device=device) if q else None,
                    torch.zeros(k, vocab, device=device) if q else None)
 
+    def draw(self) -> None:
+        """Inside the graph: every row's coins at its (seed, draw number) in ``draws``, as the eager round draws them
+        (a greedy or padding row's are drawn and unused); a plain graph's step s at the draw number + s."""
+        seeds, counters = self.draws
+        if self.uniforms.shape[1]:
+            coins.fill(self.uniforms, seeds, counters, coins.Stream.ACCEPT)
+        for step in range(self.noise.shape[0]):
+            coins.fill(self.noise[step], seeds, counters + step, coins.Stream.RECOVER, exponential=True)
+
     def unpack(self) -> None:
         """Inside the graph: the parameter tensors every part of the round reads."""
         p = RowParams.unpack(self.params)
@@ -76,25 +86,18 @@ class RoundSampling:
 
     def load(self, rows: Sequence["FusedRow"], chained: bool = False, params: bool = False, entering: int = 0,
              advance: int = 1) -> None:
-        """Parameters, coins (every row's at its seed and draw, as the eager round draws them; a greedy or
-        padding row's are drawn and unused) and the pending drafts' q; rows past the batch become greedy
-        padding. ``chained``: the round after the one in flight (its draw numbers ``advance`` further, the
-        forwards of the round in flight; the parameters stay unless ``params`` (its rows were compacted or rows
-        join), and the q of its drafts is what the round in flight leaves in ``q_in``); its last ``entering`` rows
-        join the chain (not in the round in flight: their draw numbers are their own, and so is the q of their
-        drafts, copied in). A plain graph's step s draws at the draw number + s."""
+        """Parameters, each row's seed and draw number (its coins are drawn from them in the graph: ``draw``) and
+        the pending drafts' q; rows past the batch become greedy padding. ``chained``: the round after the one in
+        flight (its draw numbers ``advance`` further, the forwards of the round in flight; the parameters stay
+        unless ``params`` (its rows were compacted or rows join), and the q of its drafts is what the round in
+        flight leaves in ``q_in``); its last ``entering`` rows join the chain (not in the round in flight: their
+        draw numbers are their own, and so is the q of their drafts, copied in)."""
         n, pad = len(rows), self.params.shape[0] - len(rows)
         if not chained or params:
             self.params.copy_(pack_rows([r.params for r in rows], n + pad), non_blocking=True)
-        steps = self.noise.shape[0]
         ahead = [advance * (chained and i < n - entering) for i in range(n)]
         self.draws.copy_(torch.tensor([[r.params.seed for r in rows] + [0] * pad,
                                        [r.draw + a for r, a in zip(rows, ahead)] + [0] * pad]), non_blocking=True)
-        if any(not r.params.greedy for r in rows):  # the batch's rows only: a padding row's coins go unread
-            seeds, counters = self.draws[:, :n]
-            coins.fill(self.uniforms[:n], seeds, counters, coins.Stream.ACCEPT)
-            for step in range(steps):
-                coins.fill(self.noise[step, :n], seeds, counters + step, coins.Stream.RECOVER, exponential=True)
         first = n - entering if chained else 0  # the rows whose q comes from the host
         if self.q_in is not None and first < n:  # one gather straight into the buffer
             torch.stack([self.zero_q if r.params.greedy or r.q is None else r.q for r in rows[first:]],

@@ -53,6 +53,8 @@ class RoundBody:
 
     def compute(self, g: RoundGraph) -> None:
         k, s = self.k, g.sampling
+        if s is not None:
+            s.draw()
         picked = []  # a plain graph's tokens of the steps before the last
         for step in range(g.steps):
             committed, accepted, aux = self.verify(g, step)
