@@ -58,6 +58,22 @@ class Outcome:
     start_unix_nano: int
     duration_ns: int
 
+    def __reduce__(self):
+        """Across the pipe to the serving process (verifier_svc/core.py) its integer columns travel as one buffer:
+        pickling each numpy array on its own was most of a round's hand-out (py-spy of a served sampled round on an
+        H100: bench/RESULTS.md, issue 21)."""
+        n, columns = len(self.slots), (self.slots, self.counts, self.accepted, self.drafted, self.k,
+                                       self.text_offsets, self.tokens)
+        packed = np.concatenate(columns, dtype=np.int32).tobytes()
+        return _unpack_outcome, (n, packed, self.finish, self.text, self.start_unix_nano, self.duration_ns)
+
+
+def _unpack_outcome(n: int, packed: bytes, finish: tuple, text: bytes, start: int, duration: int) -> Outcome:
+    a = np.frombuffer(packed, dtype=np.int32)
+    slots, counts, accepted, drafted, k = (a[i * n: (i + 1) * n] for i in range(5))
+    return Outcome(slots, counts, a[6 * n + 1:], accepted, drafted, k, finish, text, a[5 * n: 6 * n + 1], start,
+                   duration)
+
 
 @dataclass(eq=False)
 class Session:
