@@ -87,6 +87,9 @@
 #    served at CONC (default 1), TEMPS (default 0,0.7), default prompt counts, PROCS (default 1) client processes.
 # AL: A/B of BASE=path's tree and this one (ORDER, default "base new"): the split stack (--direct-draft) alone with
 #    GATEWAYS (default 2) gateway processes at CONC (default 1,8), TEMPS (default 0), PROCS (default 4) client processes.
+# AN: A/B of BASE=path's tree and this one (ORDER, default "base new new base"): the co-located stack (GATEWAYS,
+#    default 2; PROCS, default 4, client processes) at CONC (default 1,8), TEMPS (default 0,0.7), default prompt counts,
+#    beside the in-process engine; TESTS=1 first: tests/gpu/test_gpu_fused_sampling.py on this tree.
 # AM: the co-located stack against the split one (SERVERS) where both decode plainly: CONC (default 8), TEMPS (default
 #    0.7), NUM (default 1,024) prompts, 2 gateways, 4 client processes; the verifier's engine process sampled by py-spy
 #    mid-load (Python stacks with idle frames, then native ones; carry [".carry/env", ".whl"]).
@@ -369,6 +372,19 @@ case "${PART:-A}" in
       (cd "$tree" && timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-split-direct \
         --gateways ${GATEWAYS:-2} --concurrency ${CONC:-1,8} --temperatures ${TEMPS:-0} --max-tokens 128 \
         --client-processes ${PROCS:-4} --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
+    done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
+  AN)
+    if [ -n "$TESTS" ]; then
+      timeout 300 python3 -m pytest -q tests/gpu/test_gpu_fused_sampling.py -p no:cacheprovider \
+        > "$OUT/$name-sampling-tests.log" 2>&1; tail -3 "$OUT/$name-sampling-tests.log"; echo "tests done at $SECONDS s"
+    fi
+    for t in ${ORDER:-base new new base}; do
+      tree=$([ $t = base ] && echo "$BASE" || echo .)
+      tag="$name-colo-$t-$SECONDS"
+      (cd "$tree" && timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
+        --gateways ${GATEWAYS:-2} --concurrency ${CONC:-1,8} --temperatures ${TEMPS:-0,0.7} --max-tokens 128 \
+        --client-processes ${PROCS:-4} --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AM)
