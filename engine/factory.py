@@ -47,10 +47,12 @@ class Engine:
 
 
 def build_engine(model: str | Path | None, draft: str | DraftSpec, config: EngineConfig,
-                 progress: bool = True, drafter: Callable[[LoadedModel], Drafter] | None = None) -> Engine:
+                 progress: bool = True, drafter: Callable[[LoadedModel], Drafter] | None = None,
+                 local: str = "none") -> Engine:
     """``config.kv_cache_tokens`` None: each runner sizes its cache from the device's default budget. ``drafter``:
     builds the drafter from the loaded target instead of ``draft`` (which must then be none), e.g. a drafter
-    service the verifier calls (verifier_svc/remote_drafter.py)."""
+    service the verifier calls (verifier_svc/remote_drafter.py); ``local``, with it: a drafter spec (ngram) that
+    drafts inside the round's graph for the requests whose rounds with that drafter do not pay (engine/spec.py)."""
     use_device(config.device)
     path = model_source(model, quiet=not progress)
     spec = draft if isinstance(draft, DraftSpec) else DraftSpec.parse(draft)
@@ -60,4 +62,5 @@ def build_engine(model: str | Path | None, draft: str | DraftSpec, config: Engin
     if drafter is not None and spec.kind != "none":
         raise ValueError(f"draft: {spec} given beside a drafter of another kind; give one")
     made = drafter(target) if drafter is not None else build_drafter(spec, target, config)
-    return Engine(SpecDecoder(runner, target.tokenizer, config, made), target, config, spec)
+    own = build_drafter(DraftSpec.parse(local), target, config) if drafter is not None else None
+    return Engine(SpecDecoder(runner, target.tokenizer, config, made, local=own), target, config, spec)

@@ -4,7 +4,8 @@ It owns the requests' lifecycle bookkeeping: the waiting queue, the running requ
 and the KV blocks reserved for each (a request is admitted only when its worst case fits), new requests'
 validation, the round-token budget (``plan_round``: running streams first, prompts chunked into what is
 left), the batch policy (by cost, engine/policy.py, else ``spec_max_batch``: when a round should not speculate,
-every running request is *demoted* to plain decoding to its end) and the routing of a round's rows to the executors (``route``, then ``settle``
+every running request is *demoted* to plain decoding to its end; where only a drafter outside the graph does not
+pay and the fast path has a ``local`` drafter, they draft with that one to their end instead) and the routing of a round's rows to the executors (``route``, then ``settle``
 once the drafter's drafts are in), each row with its ``Reason``. It counts the *exits* (a decoding request
 running eagerly although the decoder has a fast path) by reason in ``fast_path_exits`` and logs each
 request's first exit of each reason at DEBUG (logger ``tandem.engine``).
@@ -49,6 +50,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
+        self.local: set[str] = set()  # the guard's, with a local drafter: requests drafting with it to their end
         self.fast_path_exits: collections.Counter[str] = collections.Counter()  # rows of rounds, by Reason value
         self.rows: collections.Counter[str] = collections.Counter()  # every row of every round, by Reason value
         self._exits_logged: dict[str, set[Reason]] = {}
@@ -125,6 +127,7 @@ class Scheduler:
         """A running request is done: its reservation goes back (the decoder frees its KV and drafter state)."""
         del self.requests[r.request_id]
         self.demoted.discard(r.request_id)
+        self.local.discard(r.request_id)
         self._exits_logged.pop(r.request_id, None)
         self._reserved_blocks -= self._blocks_needed(r)
 
@@ -178,17 +181,25 @@ class Scheduler:
         sampled request counting twice, is above ``spec_max_batch``, or, with a drafter outside the graph, its rounds
         at this size were measured not to pay: engine/policy.py ``SpecGuard``; with ``--spec-policy cost`` the cost
         rule, engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
-        running request decodes plainly to its end. Returns the requests demoted now (their drafter state is to be
-        released)."""
+        running request decodes plainly to its end; where only the guard says no and the fast path has a local
+        drafter, the requests not yet with it draft with it to their end instead (``local``). Returns the requests
+        demoted or moved now (their outside drafter's state is to be released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
         if policy is None:
             guard, limit = self.fast.guard, self.config.spec_max_batch  # guard: a drafter outside the graph
             # (n above the limit is over it whatever the load: every request weighs at least 1)
-            if (n <= limit and spec_load(r.params.greedy for r in self.requests.values()) <= limit
-                    and (guard is None or guard.speculate(n, clean=not self.demoted))):
-                return []
+            if n <= limit and spec_load(r.params.greedy for r in self.requests.values()) <= limit:
+                if guard is None or guard.speculate(n, clean=not self.demoted and not self.local):
+                    return []
+                if self.fast.local is not None:
+                    moved = [rid for rid in self.requests if rid not in self.demoted and rid not in self.local]
+                    if moved:
+                        log.debug("the outside drafter's rounds of %d rows do not pay: %d requests draft with %s",
+                                  n, len(moved), self.fast.local.name)
+                    self.local.update(moved)
+                    return moved
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
                                   if rid not in self.demoted]):
             return []
@@ -222,7 +233,7 @@ class Scheduler:
             return RoutedRow(r, Path.FUSED_PLAIN, Reason.DEMOTED, 0, 0) if fits else eager(Reason.CONTEXT_FULL)
         if k == 0 and fused_plain is not None and r.request_id not in fast.next_drafts and fused_plain.fits(committed):
             return RoutedRow(r, Path.FUSED_PLAIN, Reason.NO_DRAFTS, 0, 0)
-        if fused is None:
+        if fused is None or (fast.local is not None and r.request_id not in self.local):
             return eager(Reason.DRAFTER_WITHOUT_GRAPH)
         if not fused.fits(committed):
             return eager(Reason.CONTEXT_FULL)
@@ -263,10 +274,10 @@ class Scheduler:
         return settled
 
     def _takes(self, r: Request, item: RoundItem) -> bool:
-        fused = self.fast.fused
-        one_hot = self.drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
+        fused, drafter = self.fast.fused, self.fast.graph_drafter
+        one_hot = drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
         return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
-                and self.drafter.graph_ready(r.request_id, len(r.token_ids)))
+                and drafter.graph_ready(r.request_id, len(r.token_ids)))
 
     def _count_rows(self, plan: RoundPlan) -> None:
         self.rows.update(row.reason.value for rows in (plan.fused, plan.fused_plain, plan.eager) for row in rows)

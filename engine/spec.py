@@ -42,7 +42,9 @@ __all__ = ["CapacityError", "RoundItem", "SpecDecoder"]
 
 class SpecDecoder:
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, config: EngineConfig,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None, local: Drafter | None = None) -> None:
+        """``local``: a drafter that drafts inside the round's graph (n-gram), for a ``drafter`` outside it (a drafter
+        service's): the requests whose rounds with ``drafter`` were measured not to pay draft with it instead."""
         self.target = target
         self.tokenizer = tokenizer
         self.config = config
@@ -51,7 +53,7 @@ class SpecDecoder:
         self.feature_layers: tuple[int, ...] = tuple(drafter.target_features) if drafter is not None else ()
         self.max_context = min(config.max_context or target.model.config.max_position,
                                target.model.config.max_position)
-        self.fast = FastPath(target, drafter, config, self.max_context)
+        self.fast = FastPath(target, drafter, config, self.max_context, local)
         self.eager = EagerRound(target, k=config.k)
         self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast, drafter)
 
@@ -135,6 +137,8 @@ class SpecDecoder:
         self.target.free(r.request_id)
         if self.drafter is not None:
             self.drafter.release(r.request_id)
+        if self.fast.local is not None:
+            self.fast.local.release(r.request_id)
 
     # ------------------------------------------------------------------ the round
     def step(self) -> list[RequestOutput]:
@@ -145,9 +149,12 @@ class SpecDecoder:
         return self.decode_round(reqs, ks, chunks) if reqs else []
 
     def _batch_policy(self) -> None:
-        for rid in self.scheduler.apply_batch_policy():
+        for rid in self.scheduler.apply_batch_policy():  # the embedded drafter sees none of them again
             self.fast.forget(rid)
             self.drafter.release(rid)
+            self.requests[rid].features.take()
+            if self.fast.local is not None and rid in self.scheduler.demoted:
+                self.fast.local.release(rid)
 
     def decode_round(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,
                      chunks: Sequence[int | None] | None = None) -> list[RequestOutput]:
@@ -203,21 +210,25 @@ class SpecDecoder:
             self.fast.guard.observe(False, rows, seconds * 1e3, self.fused_plain.store.steps_for(rows))
 
     def propose(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[RoundItem]:
-        """Drafts from the embedded drafter (none where k == 0 or there is no drafter)."""
+        """Drafts from the embedded drafter, or the local one for the requests drafting with it (none where k == 0
+        or there is no drafter)."""
         chosen = [i for i, k in enumerate(ks) if k > 0] if self.drafter is not None else []
         items = [RoundItem(r.request_id) for r in reqs]
-        if not chosen:
-            return items
-        wanted = []
-        for i in chosen:
-            start, feats = reqs[i].features.take()
-            wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
-                                       features=feats, features_start=start))
-        proposal = self.drafter.propose(wanted)
-        for j, i in enumerate(chosen):
-            drafts = proposal.token_ids[j][: ks[i]]
-            probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]
-            items[i] = RoundItem(reqs[i].request_id, drafts, probs)
+        local, mine = self.fast.local, self.scheduler.local
+        for drafter, rows in ((self.drafter, [i for i in chosen if reqs[i].request_id not in mine]),
+                              (local, [i for i in chosen if reqs[i].request_id in mine])):
+            if not rows:
+                continue
+            wanted = []
+            for i in rows:
+                start, feats = reqs[i].features.take() if drafter is self.drafter else (0, None)
+                wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
+                                           features=feats, features_start=start))
+            proposal = drafter.propose(wanted)
+            for j, i in enumerate(rows):
+                drafts = proposal.token_ids[j][: ks[i]]
+                probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]
+                items[i] = RoundItem(reqs[i].request_id, drafts, probs)
         return items
 
     def run_round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None = None
@@ -278,8 +289,9 @@ class SpecDecoder:
         drafter reads), and the drafter's own for its catch-up over a prompt, before requests arrive; returns
         the prefill graphs captured (0 without graphs)."""
         n = self.target.capture_prefills(self.feature_layers)
-        if self.drafter is not None:
-            n += self.drafter.capture_prefills()
+        for d in (self.drafter, self.fast.local):
+            if d is not None:
+                n += d.capture_prefills()
         return n
 
     # ------------------------------------------------------------------ convenience

@@ -151,7 +151,8 @@ def core_main(settings, conn) -> None:
         drafter = None
         if settings.direct_drafter_address:
             drafter = remote_drafter(settings, internal_identity(settings))
-        built = build_engine(settings.model, settings.draft, settings.engine_config(), drafter=drafter)
+        built = build_engine(settings.model, settings.draft, settings.engine_config(), drafter=drafter,
+                             local=settings.local_draft)
     except Exception as exc:  # the serving process raises it as its own (a bad field is its one-line error)
         if not isinstance(exc, (ValueError, FileNotFoundError)):
             log.exception("the engine failed to load")

@@ -50,7 +50,8 @@ async def serve(settings: VerifierSettings) -> None:
         from engine.factory import build_engine
 
         built = build_engine(settings.model, settings.draft, settings.engine_config(),
-                             drafter=remote_drafter(settings, identity) if settings.direct_drafter_address else None)
+                             drafter=remote_drafter(settings, identity) if settings.direct_drafter_address else None,
+                             local=settings.local_draft)
         describe(built, settings)
         engine = LocalEngine(VerifierEngine(built.decoder, settings.lease_s), settings.engine_config().device)
         vocab_size = built.target.config.vocab_size
@@ -103,7 +104,8 @@ async def serve(settings: VerifierSettings) -> None:
 def describe(built, settings: VerifierSettings) -> None:
     direct = settings.direct_drafter_address
     log.info("verifier: model %s, %s; engine in %s", built.target.source,
-             f"drafting through {built.decoder.drafter.name} at {direct}" if direct
+             f"drafting through {built.decoder.drafter.name} at {direct}, where its rounds do not pay "
+             + (f"with its own {settings.local_draft} drafter" if built.decoder.fast.local else "plainly") if direct
              else f"embedded drafter {settings.draft}",
              f"process {os.getpid()} of its own" if settings.engine_process else "this process")
 

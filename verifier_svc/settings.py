@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from rpc.settings import ServiceEngineSettings
@@ -23,6 +25,10 @@ class VerifierSettings(ServiceEngineSettings):
     engine_process: bool = Field(True, description="run the engine in a process of its own beside the gRPC server "
                                  "(its rounds then never wait for the GIL the server's threads hold); off: on a thread "
                                  "of the server's process")
+    local_draft: Literal["ngram", "none"] = Field(
+        "ngram", description="with direct_drafter_address: the verifier's own drafter for the requests whose rounds "
+        "with that drafter were measured not to pay (their Draft call and eager verify cost more than the tokens "
+        "they add): ngram, prompt lookup inside the round's CUDA graph; none: those requests decode plainly")
     feature_window: int = Field(1024, ge=1, description="a feature-fed drafter at direct_drafter_address gets at "
                                 "most this many of a request's latest target features at once")
 

@@ -5,6 +5,10 @@ Two graph executors (engine/rounds/fused.py), each built when fused rounds are o
   drafter (or k 0) it decodes plainly. A drafter that cannot draft inside a graph (n-gram) gets none.
 - ``fused_plain``, the *plain graph* (k 0, no drafter), built when the batch policy is on
   (``spec_max_batch``): the requests it demotes decode in it to their end.
+A drafter outside the graph (a drafter service's, verifier_svc/remote_drafter.py) drafts for eager rounds; with a
+``local`` drafter that drafts in a graph (n-gram), the speculative graph is that drafter's, and the requests the
+guard (engine/policy.py ``SpecGuard``) finds the outside drafter's rounds not to pay for draft there instead, to
+their end (``Scheduler.local``).
 Between rounds each request on the speculative graph keeps the k drafts (and, sampled, their q) its last
 round drafted (``next_drafts``): the next round verifies them. Everything else a row needs lives in the
 target's and the drafter's KV caches.
@@ -39,12 +43,14 @@ class NextDrafts:
 
 class FastPath:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", config: "EngineConfig",
-                 max_context: int) -> None:
+                 max_context: int, local: "Drafter | None" = None) -> None:
         self.fused: FusedRounds | None = None
         self.fused_plain: FusedRounds | None = None
         self.next_drafts: dict[str, NextDrafts] = {}
         self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
         self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (policy.py)
+        self.local: "Drafter | None" = None  # the speculative graph's drafter where ``drafter`` is outside it
+        self.graph_drafter = drafter         # the drafter of the speculative graph's rows
         if not config.use_fused_rounds:
             return
 
@@ -53,13 +59,18 @@ class FastPath:
                                capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows,
                                steps=1 if k else config.plain_round_steps, steps_from=config.plain_steps_min_batch)
 
-        if drafter is None or config.k == 0 or drafter.graph_rounds:
+        outside = drafter is not None and config.k and not drafter.graph_rounds
+        if not outside:
             self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
+        elif local is not None and local.graph_rounds and config.spec_max_batch is not None:
+            self.local = self.graph_drafter = local
+            self.fused = graph(config.k, local)
         if drafter is not None and config.k and config.spec_max_batch is not None:
             self.fused_plain = graph(0, None)
-        if self.fused is not None and self.fused.k and self.fused_plain is not None and config.spec_policy == "cost":
+        if (not outside and self.fused is not None and self.fused.k and self.fused_plain is not None
+                and config.spec_policy == "cost"):
             self.policy = SpecPolicy(self.fused.k, self.fused.store.batch_buckets, config.spec_max_batch)
-        if self.fused is None and self.fused_plain is not None:  # (the cost rule needs a speculative graph to time)
+        if outside and self.fused_plain is not None:  # (the cost rule needs the drafter's graph to time)
             self.guard = SpecGuard(self.fused_plain.store.batch_buckets)
 
     @property

@@ -205,3 +205,44 @@ def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(
             last[o.request_id] = o
     assert [tokens[first], tokens[second]] == [o.new_token_ids for o in plain]
     assert last[second].drafted == 0 and not dec.fast.guard.chosen[2]
+
+
+def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(smollm):
+    """A drafter outside the graph (a host n-gram, as a drafter service's) beside a local one drafting in the graph:
+    once the guard has measured the outside drafter's rounds not to pay, the running requests and those arriving
+    after them draft with the local drafter in the speculative graph (not plainly) to their end, the outside
+    drafter's state released; output stays plain greedy."""
+    from engine.drafters.ngram_graph import TokenHistory
+
+    prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a")]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
+                          spec_max_batch=8, max_context=1024)
+    outside, local = NgramDrafter(), NgramDrafter(history=TokenHistory(8, 1024, "cpu"))
+    released = []
+    release = outside.release
+    outside.release = lambda rid: (released.append(rid), release(rid))
+    dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, outside, local=local)
+    assert dec.fast.local is local and dec.fused.k == 4 and dec.fast.guard is not None
+    guard = dec.fast.guard
+    guard.timed({b: 1e-6 for b in BUCKETS})
+    observe = guard.observe  # the CPU's plain rounds would teach it a plain token's cost a GPU never has
+    guard.observe = lambda speculative, *args: observe(speculative, *args) if speculative else None
+    first = dec.add_request(prompts[0], params)
+    tokens = {first: []}
+    for _ in range(GUARD_ROUNDS + 2):
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+    assert dec.scheduler.local == {first} and not dec.scheduler.demoted and first in released
+    second = dec.add_request(prompts[1], params)
+    tokens[second] = []
+    last = {}
+    while dec.has_unfinished():
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+            last[o.request_id] = o
+    assert [tokens[first], tokens[second]] == [o.new_token_ids for o in plain]
+    assert last[second].drafted > 0 and last[first].drafted > 4 * (GUARD_ROUNDS + 1)  # drafting went on, locally
+    assert dec.scheduler.rows["on_graph"] > 0 and dec.scheduler.rows["demoted"] == 0
+    assert local.history._slot == {} and not dec.requests  # every request's history row went back

@@ -93,3 +93,23 @@ def test_a_drafter_outside_the_graph_is_guarded_by_timed_costs(f32, reference):
     assert rounds >= GUARD_ROUNDS and tokens / rounds >= 1.0
     pays = tokens / rounds * guard.plain_ms[1] >= MARGIN * spent / rounds
     assert guard.speculate(1, clean=False) is pays  # its verdict is its figures' (clean=False: none expire now)
+
+
+def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one_in_its_graphs(f32, reference):
+    """The split verifier's default: a drafter outside the graph beside the verifier's own n-gram drafter, whose
+    speculative graph is captured; where a plain token costs next to nothing the outside drafter's rounds never pay,
+    so the requests draft in the local drafter's graph (not plainly); output is plain greedy."""
+    from engine.drafters.ngram import NgramDrafter
+
+    prompts, lengths, plain = reference
+    config = EngineSettings(**NUMERICS).engine_config()
+    local = build_drafter(DraftSpec.parse("ngram"), f32, config)
+    dec = SpecDecoder(ModelRunner(f32.model, config), f32.tokenizer, config, NgramDrafter(), local=local)
+    assert dec.fast.local is local and dec.fused.k and dec.fast.guard is not None
+    dec.capture_rounds()
+    guard = dec.fast.guard
+    guard.plain_ms.update({b: 1e-6 for b in guard.plain_ms})
+    for n in (1, 8):
+        assert _greedy(dec, prompts[:n], lengths[:n]) == plain[n], n
+    assert dec.scheduler.rows["on_graph"] > 0 and dec.scheduler.rows["demoted"] == 0, dec.scheduler.rows
+    assert guard.speculate(1, clean=False) is False
