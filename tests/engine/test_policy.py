@@ -176,6 +176,29 @@ def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smo
     assert all(d > 4 * (GUARD_ROUNDS + 1) for d in drafted[1e6])
 
 
+def _one_then_another(dec: SpecDecoder, prompts, params: SamplingParams):
+    """A plain token that costs next to nothing (the CPU's plain rounds would teach the guard a cost a GPU never
+    has); the first prompt's request runs until the guard has measured its rounds, then the second arrives and both
+    run to the end. Returns their ids, every token of each and each one's last output."""
+    guard = dec.fast.guard
+    guard.timed({b: 1e-6 for b in BUCKETS})
+    observe = guard.observe
+    guard.observe = lambda speculative, *args: observe(speculative, *args) if speculative else None
+    first = dec.add_request(prompts[0], params)
+    tokens = {first: []}
+    for _ in range(GUARD_ROUNDS + 2):
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+    checked = (set(dec.scheduler.demoted), set(dec.scheduler.local))
+    second = dec.add_request(prompts[1], params)
+    tokens[second], last = [], {}
+    while dec.has_unfinished():
+        for o in dec.step():
+            tokens[o.request_id] += o.new_token_ids
+            last[o.request_id] = o
+    return first, second, tokens, last, checked
+
+
 def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(smollm):
     """Requests arrive one by one: the first speculates until the guard has measured rounds of one row not to pay,
     then decodes plainly; the second arrives beside it (two rows, a bucket never measured, whose rounds would mix the
@@ -186,23 +209,8 @@ def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=8)
     dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
-    guard = dec.fast.guard
-    guard.timed({b: 1e-6 for b in BUCKETS})
-    observe = guard.observe  # the CPU's plain rounds would teach it a plain token's cost a GPU never has
-    guard.observe = lambda speculative, *args: observe(speculative, *args) if speculative else None
-    first = dec.add_request(prompts[0], params)
-    tokens = {first: []}
-    for _ in range(GUARD_ROUNDS + 2):
-        for o in dec.step():
-            tokens[o.request_id] += o.new_token_ids
-    assert dec.scheduler.demoted == {first} and dec.fast.guard.chosen == {1: False}
-    second = dec.add_request(prompts[1], params)
-    tokens[second] = []
-    last = {}
-    while dec.has_unfinished():
-        for o in dec.step():
-            tokens[o.request_id] += o.new_token_ids
-            last[o.request_id] = o
+    first, second, tokens, last, (demoted, _) = _one_then_another(dec, prompts, params)
+    assert demoted == {first} and dec.fast.guard.chosen[1] is False
     assert [tokens[first], tokens[second]] == [o.new_token_ids for o in plain]
     assert last[second].drafted == 0 and not dec.fast.guard.chosen[2]
 
@@ -225,23 +233,8 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(sm
     outside.release = lambda rid: (released.append(rid), release(rid))
     dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, outside, local=local)
     assert dec.fast.local is local and dec.fused.k == 4 and dec.fast.guard is not None
-    guard = dec.fast.guard
-    guard.timed({b: 1e-6 for b in BUCKETS})
-    observe = guard.observe  # the CPU's plain rounds would teach it a plain token's cost a GPU never has
-    guard.observe = lambda speculative, *args: observe(speculative, *args) if speculative else None
-    first = dec.add_request(prompts[0], params)
-    tokens = {first: []}
-    for _ in range(GUARD_ROUNDS + 2):
-        for o in dec.step():
-            tokens[o.request_id] += o.new_token_ids
-    assert dec.scheduler.local == {first} and not dec.scheduler.demoted and first in released
-    second = dec.add_request(prompts[1], params)
-    tokens[second] = []
-    last = {}
-    while dec.has_unfinished():
-        for o in dec.step():
-            tokens[o.request_id] += o.new_token_ids
-            last[o.request_id] = o
+    first, second, tokens, last, (demoted, moved) = _one_then_another(dec, prompts, params)
+    assert moved == {first} and not demoted and first in released
     assert [tokens[first], tokens[second]] == [o.new_token_ids for o in plain]
     assert last[second].drafted > 0 and last[first].drafted > 4 * (GUARD_ROUNDS + 1)  # drafting went on, locally
     assert dec.scheduler.rows["on_graph"] > 0 and dec.scheduler.rows["demoted"] == 0
