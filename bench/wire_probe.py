@@ -3,8 +3,9 @@
 Starts a real drafter service (``tandem drafter --draft ngram``, plaintext on loopback, CPU) and a raw TCP echo
 process, then for each gap (the caller busy on its own work between calls, as a verifier is between two rounds'
 Draft calls) times, p50 over ``--calls`` calls: a raw socket round trip (what the machine's wake-ups cost), a unary
-``Describe`` (gRPC with no engine work) and a one-row ``Draft`` over the ``DraftStream`` the verifier keeps open
-(verifier_svc/remote_drafter.py), whose drafter work (the n-gram lookup) is a few microseconds.
+``Describe`` (gRPC with no engine work), a one-row ``Draft`` over the ``DraftStream`` the verifier keeps open
+(verifier_svc/remote_drafter.py), whose drafter work (the n-gram lookup) is a few microseconds, and the same
+``Draft`` as a unary call made on the caller's thread (``RemoteDrafter(stream=False)``).
 
     python -m bench.wire_probe --gaps-ms 0,2,5,20 --calls 300
 
@@ -67,14 +68,14 @@ def main(argv: list[str] | None = None) -> None:
         sock = socket.create_connection(("127.0.0.1", echo_port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         address = f"127.0.0.1:{drafter_port}"
-        remote = RemoteDrafter(address, 49152, channel=open_channel(address, 64 << 20, None), timeout_s=30.0,
-                               connect_timeout_s=120.0)
+        remote, unary = (RemoteDrafter(address, 49152, channel=open_channel(address, 64 << 20, None), timeout_s=30.0,
+                                       connect_timeout_s=120.0, stream=stream) for stream in (True, False))
         tokens = list(range(100, 164))
         params = SamplingParams(max_tokens=1 << 20)
 
-        def draft() -> None:
+        def draft(drafter: RemoteDrafter = remote) -> None:
             tokens.append(100 + len(tokens) % 50)
-            remote.propose([DraftRequest("probe", list(tokens), 4, params)])
+            drafter.propose([DraftRequest("probe", list(tokens), 4, params)])
 
         def raw() -> None:
             sock.sendall(b"x" * 64)
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
 
         for gap in (float(g) for g in args.gaps_ms.split(",")):
             row = {"gap_ms": gap}
-            for name, fn in (("socket_ms", raw), ("describe_ms", describe), ("draft_ms", draft)):
+            for name, fn in (("socket_ms", raw), ("describe_ms", describe), ("draft_ms", draft),
+                             ("draft_unary_ms", lambda: draft(unary))):
                 row[name] = _p50(fn, args.calls, gap / 1e3)
             print(json.dumps(row), flush=True)
     finally:

@@ -55,7 +55,8 @@ class RemoteDrafter:
     graph_rounds = False  # drafts arrive from another process: the rounds verify them outside a fused graph
 
     def __init__(self, address: str, vocab_size: int, *, channel: grpc.Channel, timeout_s: float = 2.0,
-                 retry_s: float = 1.0, feature_window: int = 1024, connect_timeout_s: float = 300.0) -> None:
+                 retry_s: float = 1.0, feature_window: int = 1024, connect_timeout_s: float = 300.0,
+                 stream: bool = True) -> None:
         self.address = address
         self.vocab = vocab_size
         self.stub = drafter_pb2_grpc.DrafterStub(channel)
@@ -70,6 +71,7 @@ class RemoteDrafter:
         self.calls = self.failures = self.resyncs = 0
         self.call_s = 0.0                  # wall time in Draft calls (for tandem_verifier_draft_call_seconds)
         self._stream: DraftStream | None = None
+        self.stream = stream               # False: one unary Draft call a round, made on the caller's thread
         info = self._describe(connect_timeout_s)
         self.name = f"remote:{info.name}"
         self.deterministic = info.deterministic
@@ -111,6 +113,8 @@ class RemoteDrafter:
         self.calls += 1
         t0 = time.perf_counter()
         try:
+            if not self.stream:
+                return list(self.stub.Draft(drafter_pb2.DraftRequest(items=items), timeout=self.timeout).results)
             if self._stream is None:
                 self._stream = DraftStream(self.stub)
             return list(self._stream.ask(drafter_pb2.DraftRequest(items=items), self.timeout).results)
