@@ -5,8 +5,9 @@ and the KV blocks reserved for each (a request is admitted only when its worst c
 validation, the round-token budget (``plan_round``: running streams first, prompts chunked into what is
 left), the batch policy (by cost, engine/policy.py, else ``spec_max_batch``: when a round should not speculate,
 every running request is *demoted* to plain decoding to its end; where only a drafter outside the graph does not
-pay and the fast path has a ``local`` drafter, they draft with that one to their end instead) and the routing of a round's rows to the executors (``route``, then ``settle``
-once the drafter's drafts are in), each row with its ``Reason``. It counts the *exits* (a decoding request
+pay and the fast path has a ``local`` drafter, they draft with that one to their end instead) and the routing of a
+round's rows to the executors (``route``, then ``settle`` once the drafter's drafts are in), each row with its
+``Reason``. It counts the *exits* (a decoding request
 running eagerly although the decoder has a fast path) by reason in ``fast_path_exits`` and logs each
 request's first exit of each reason at DEBUG (logger ``tandem.engine``).
 
@@ -31,7 +32,6 @@ from engine.rounds.base import Path, Reason, RoundItem, RoundPlan, RoutedRow
 from engine.rounds.fast_path import FastPath
 
 if TYPE_CHECKING:
-    from engine.drafters.base import Drafter
     from engine.runner import ModelRunner
     from engine.tokenizer import Tokenizer
 
@@ -44,9 +44,9 @@ class CapacityError(RuntimeError):
 
 class Scheduler:
     def __init__(self, target: "ModelRunner", tokenizer: "Tokenizer", config: EngineConfig, max_context: int,
-                 fast: FastPath, drafter: "Drafter | None") -> None:
+                 fast: FastPath) -> None:
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
-        self.fast, self.drafter = fast, drafter
+        self.fast = fast  # (its graph_drafter: the drafter whose rows enter the speculative graph)
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end

@@ -55,7 +55,7 @@ class SpecDecoder:
                                target.model.config.max_position)
         self.fast = FastPath(target, drafter, config, self.max_context, local)
         self.eager = EagerRound(target, k=config.k)
-        self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast, drafter)
+        self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast)
 
     # ------------------------------------------------------------------ the parts, as callers know them
     @property

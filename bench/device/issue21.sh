@@ -387,7 +387,8 @@ case "${PART:-A}" in
       tag="$name-colo-$t-$SECONDS"
       (cd "$tree" && timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated \
         --gateways ${GATEWAYS:-2} --concurrency ${CONC:-1,8} --temperatures ${TEMPS:-0,0.7} --max-tokens 128 \
-        --client-processes ${PROCS:-4} --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+        --client-processes ${PROCS:-4} --in-process --attention torch --device cuda --out-dir "$OUT" \
+        > "$OUT/$tag.log" 2>&1)
       show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AO)

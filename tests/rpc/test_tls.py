@@ -144,11 +144,10 @@ def test_a_mutual_tls_server_takes_only_client_certificates_its_ca_signed(ca):
                 await call.done_writing()
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.health_port}") as ch:
                 health_port_status = await _health(ch)
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    call = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo()
-                    await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
-                    await call.read()
-                health_port_reflection = err.value.code()
+                # the call's status alone: a request written while the server refuses the method can lose the race
+                # to its refusal and fail INTERNAL (seen once under a loaded machine)
+                call = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo()
+                health_port_reflection = await asyncio.wait_for(call.code(), 10)
             return refused, status, listed, health_port_status, health_port_reflection
         finally:
             await server.stop(0)
