@@ -46,7 +46,7 @@ class Scheduler:
     def __init__(self, target: "ModelRunner", tokenizer: "Tokenizer", config: EngineConfig, max_context: int,
                  fast: FastPath) -> None:
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
-        self.fast = fast  # (its graph_drafter: the drafter whose rows enter the speculative graph)
+        self.fast = fast
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
@@ -274,7 +274,8 @@ class Scheduler:
         return settled
 
     def _takes(self, r: Request, item: RoundItem) -> bool:
-        fused, drafter = self.fast.fused, self.fast.graph_drafter
+        fused = self.fast.fused
+        drafter = fused.drafter  # the embedded drafter, or the local one beside a drafter outside the graph
         one_hot = drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
         return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
                 and drafter.graph_ready(r.request_id, len(r.token_ids)))

@@ -221,7 +221,7 @@ class SpecDecoder:
                 continue
             wanted = []
             for i in rows:
-                start, feats = reqs[i].features.take() if drafter is self.drafter else (0, None)
+                start, feats = reqs[i].features.take()  # (a local drafter reads none: they go)
                 wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
                                            features=feats, features_start=start))
             proposal = drafter.propose(wanted)

@@ -50,7 +50,6 @@ class FastPath:
         self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
         self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (policy.py)
         self.local: "Drafter | None" = None  # the speculative graph's drafter where ``drafter`` is outside it
-        self.graph_drafter = drafter         # the drafter of the speculative graph's rows
         if not config.use_fused_rounds:
             return
 
@@ -63,7 +62,7 @@ class FastPath:
         if not outside:
             self.fused = graph(config.k if drafter is not None else 0, drafter if config.k else None)
         elif local is not None and local.graph_rounds and config.spec_max_batch is not None:
-            self.local = self.graph_drafter = local
+            self.local = local
             self.fused = graph(config.k, local)
         if drafter is not None and config.k and config.spec_max_batch is not None:
             self.fused_plain = graph(0, None)

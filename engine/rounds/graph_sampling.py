@@ -6,7 +6,7 @@ step, as the eager round draws them) are counter-based (engine/sampling/coins.py
 seed and draw number. The host writes those two numbers per row into ``draws`` before each replay; the graph draws
 the coins from them itself (``draw``, one launch per kind, captured with the round), as the drafter's part draws
 its noise. So a seeded request decodes the same tokens on the fast path as on the eager one, and a sampled round
-costs the host no launches of its own (they cost 15-20 % of a served sampled round's host time on an H100 when the
+costs the host no launches of its own (they cost 18-20 % of a served sampled round's host time on an H100 when the
 host launched them: bench/RESULTS.md, issue 21).
 """
 
