@@ -26,10 +26,10 @@ class VerifierSettings(ServiceEngineSettings):
                                  "(its rounds then never wait for the GIL the server's threads hold); off: on a thread "
                                  "of the server's process")
     local_draft: Literal["ngram", "none"] = Field(
-        "none", description="with direct_drafter_address: the verifier's own drafter for the requests whose rounds "
-        "with that drafter were measured not to pay (their Draft call and eager verify cost more than the tokens "
-        "they add): ngram, prompt lookup inside the round's CUDA graph (not yet measured on a GPU); none: those "
-        "requests decode plainly")
+        "ngram", description="with direct_drafter_address: the verifier's own drafter for the requests whose "
+        "rounds with that drafter were measured not to pay (their Draft call and eager verify cost more than the "
+        "tokens they add): ngram, prompt lookup inside the round's CUDA graph (1.2-1.5x plain decoding at one "
+        "request on an H100, bench/RESULTS.md); none: those requests decode plainly")
     feature_window: int = Field(1024, ge=1, description="a feature-fed drafter at direct_drafter_address gets at "
                                 "most this many of a request's latest target features at once")
 
