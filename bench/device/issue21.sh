@@ -92,7 +92,8 @@
 #    beside the in-process engine; TESTS=1 first: tests/gpu/test_gpu_fused_sampling.py on this tree.
 # AO: the split verifier's own n-gram drafter (TANDEM_LOCAL_DRAFT) off and on, ABBA (ORDER, default "none ngram ngram
 #    none"): the split stack (--direct-draft, GATEWAYS default 2, PROCS default 4) at CONC (default 1,8), TEMPS (default
-#    0,0.7); TESTS=1 first: its GPU test (tests/gpu/test_gpu_shipped_default.py -k local_one).
+#    0,0.7), NUM prompts a load (default: bench-serve's); TESTS=1 first: its GPU test
+#    (tests/gpu/test_gpu_shipped_default.py -k local_one).
 # AM: the co-located stack against the split one (SERVERS) where both decode plainly: CONC (default 8), TEMPS (default
 #    0.7), NUM (default 1,024) prompts, 2 gateways, 4 client processes; the verifier's engine process sampled by py-spy
 #    mid-load (Python stacks with idle frames, then native ones; carry [".carry/env", ".whl"]).
@@ -400,7 +401,8 @@ case "${PART:-A}" in
       tag="$name-local-$d-$SECONDS"
       TANDEM_LOCAL_DRAFT=$d timeout 200 python3 -m cli.main bench-serve --name "$tag" --servers tandem-split-direct \
         --gateways ${GATEWAYS:-2} --concurrency ${CONC:-1,8} --temperatures ${TEMPS:-0,0.7} --max-tokens 128 \
-        --client-processes ${PROCS:-4} --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+        ${NUM:+--num-prompts $NUM} --client-processes ${PROCS:-4} --attention torch --device cuda --out-dir "$OUT" \
+        > "$OUT/$tag.log" 2>&1
       show "$OUT/$tag.json" "local $d"; echo "$d done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AM)
