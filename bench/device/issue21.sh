@@ -379,7 +379,7 @@ case "${PART:-A}" in
       show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AN)
-    if [ -n "$TESTS" ]; then
+    if [ -n "${TESTS:-}" ]; then
       timeout 300 python3 -m pytest -q tests/gpu/test_gpu_fused_sampling.py -p no:cacheprovider \
         > "$OUT/$name-sampling-tests.log" 2>&1; tail -3 "$OUT/$name-sampling-tests.log"; echo "tests done at $SECONDS s"
     fi
@@ -393,7 +393,7 @@ case "${PART:-A}" in
       show "$OUT/$tag.json" "$t"; echo "$t done at $SECONDS s"
     done; rm -f "$OUT"/*.md "$OUT"/*.png ;;
   AO)
-    if [ -n "$TESTS" ]; then
+    if [ -n "${TESTS:-}" ]; then
       timeout 200 python3 -m pytest -q tests/gpu/test_gpu_shipped_default.py -k "local_one or outside_the_graph" \
         -p no:cacheprovider > "$OUT/$name-local-tests.log" 2>&1; tail -3 "$OUT/$name-local-tests.log"
     fi
