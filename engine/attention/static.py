@@ -48,6 +48,7 @@ class StaticAttention:
         self.scratch_block = scratch_block
         bs = cache.block_size
         self.block_table = torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=dev)  # [B, M]
+        self._tables = HeldTables(rows, max_blocks, scratch_block)  # what block_table holds, on the host
         self.kv_lens = torch.full((rows,), q_len, dtype=torch.long, device=dev)                          # [B]
         self.slots: torch.Tensor | None = None                                                         # [B*Q]
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
@@ -91,13 +92,17 @@ class StaticAttention:
         if n > self.rows or any(len(t) > self.max_blocks for t in tables):
             raise ValueError(f"static attention: {n} rows, longest table {max(map(len, tables), default=0)} blocks "
                              f"do not fit the bucket ({self.rows} rows, {self.max_blocks} blocks)")
-        table = np.full((self.rows, self.max_blocks), self.scratch_block, dtype=np.int64)
-        for i, t in enumerate(tables):
-            table[i, :len(t)] = t
-        self.block_table.copy_(torch.from_numpy(table), non_blocking=True)
-        if kv_lens is not None:
-            self.kv_lens.copy_(torch.tensor(list(kv_lens) + [self.q_len] * (self.rows - n), dtype=torch.long),
-                               non_blocking=True)
+        if self._tables.update(tables):
+            self.block_table.copy_(torch.from_numpy(self._tables.table), non_blocking=True)
+        if kv_lens is not None:  # (the driver stages pageable memory before the call returns: the array is free)
+            lens = self._tables.lens
+            lens[:n], lens[n:] = kv_lens, self.q_len
+            self.kv_lens.copy_(torch.from_numpy(lens), non_blocking=True)
+
+    def share_table(self, other: "StaticAttention") -> None:
+        """Read ``other``'s block table (one table serving several forwards: a drafter's catch-up and its steps);
+        only ``other`` sets its rows."""
+        self.block_table, self._tables = other.block_table, other._tables
 
     def prepare(self) -> None:
         """Inside the graph, from the buffers, once per forward: the torch path's slots (where the new
@@ -130,3 +135,30 @@ class StaticAttention:
         values = self.cache.v[layer][self.block_table].view(b, s, hkv, d).transpose(1, 2)
         o = attend(qs, keys, values, self.mask)
         return o.transpose(1, 2).reshape(b * n, -1, d)
+
+
+class HeldTables:
+    """The host's copy of a bucket's block table, row by row as last uploaded: a round rewrites only the rows whose
+    table changed (a row's table grows by a block every ``block_size`` tokens, and changes with the batch), and
+    uploads nothing when none did. A table is compared by value: the allocator's lists grow in place."""
+
+    def __init__(self, rows: int, max_blocks: int, scratch_block: int) -> None:
+        self.scratch = scratch_block
+        self.table = np.full((rows, max_blocks), scratch_block, dtype=np.int64)  # [B, M]
+        self.lens = np.zeros(rows, dtype=np.int64)                              # [B] set_rows' KV lengths
+        self.held: list[list[int]] = [[] for _ in range(rows)]  # each row's table (a copy); []: padding
+
+    def update(self, tables: Sequence[Sequence[int]]) -> bool:
+        """Rows 0 .. len(tables) - 1 take these tables, the rest none (padding). Returns whether any row changed."""
+        changed, none = False, []
+        for i, held in enumerate(self.held):
+            t = tables[i] if i < len(tables) else none
+            if not isinstance(t, list):
+                t = list(t)
+            if t == held:
+                continue
+            row = self.table[i]
+            row[:len(t)] = t
+            row[len(t):len(held)] = self.scratch  # (past its own table a row holds the scratch block)
+            self.held[i], changed = list(t), True
+        return changed

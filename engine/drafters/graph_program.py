@@ -50,7 +50,7 @@ class GraphDraftProgram:
         self.catch = StaticAttention(runner.cache, heads, rows, k + 1, max_blocks, scratch)
         # the draft steps' attention: each step a view of it over that step's lengths (``with_kv_lens``)
         self.step = StaticAttention(runner.cache, heads, rows, 1, max_blocks, scratch)
-        self.step.block_table = self.catch.block_table  # one table serves every forward of the round
+        self.step.share_table(self.catch)  # one table serves every forward of the round
         self._rows = torch.arange(rows, device=self.device)
         self._offsets = torch.arange(k + 1, device=self.device)
         self._steps = torch.arange(1, k, device=self.device)                   # [k - 1] the draft steps

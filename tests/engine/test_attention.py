@@ -114,3 +114,34 @@ def test_whole_prompts_attending_to_their_own_keys_equal_the_gathered_pages():
     torch.testing.assert_close(outs[True][real], outs[False][real])
     with pytest.raises(ValueError, match="own_keys"):  # the Triton launch reads the cache itself
         StaticAttention(cache, HQ, rows, q_len, 2, 0, use_kernel=True, own_keys=True)
+
+
+def test_a_bucket_uploads_exactly_the_tables_it_is_given_round_after_round():
+    """The block table on the device equals the tables of the last set_rows, row by row, padding rows holding the
+    scratch block: across a table grown in place (the allocator's own list), rows that move, shrink and leave."""
+    from engine.attention.static import StaticAttention
+
+    cache = PagedKVCache(1, HKV, D, num_tokens=256, block_size=BS, dtype=torch.float32, device="cpu")
+    alloc = cache.allocator
+    alloc.extend("pad", 1)
+    scratch = alloc.block_table("pad")[0]
+    attn = StaticAttention(cache, HQ, 3, 1, max_blocks=6, scratch_block=scratch, use_kernel=False)
+    step = StaticAttention(cache, HQ, 3, 1, max_blocks=6, scratch_block=scratch, use_kernel=False)
+    step.share_table(attn)
+    for sid, n in (("a", 9), ("b", 2), ("c", 17)):
+        alloc.extend(sid, n)
+
+    def expect(*sids):
+        want = torch.full((3, 6), scratch, dtype=torch.long)
+        for i, sid in enumerate(sids):
+            t = alloc.block_table(sid)
+            want[i, :len(t)] = torch.tensor(t)
+        return want
+
+    rounds = [("a", "b"), ("a", "b"), ("b", "a", "c"), ("c",), ("a", "c"), ()]
+    for i, sids in enumerate(rounds):
+        if i == 1:
+            alloc.extend("a", 13)  # the same list object, grown by a block
+        attn.set_rows([alloc.block_table(s) for s in sids], [1] * len(sids))
+        assert torch.equal(attn.block_table, expect(*sids)), sids
+        assert step.block_table is attn.block_table
