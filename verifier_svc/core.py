@@ -142,17 +142,11 @@ def core_main(settings, conn) -> None:
     from tqdm import tqdm
 
     tqdm.set_lock(threading.RLock())  # not its default multiprocessing lock, which this process's end would leak
-    from engine.factory import build_engine
-    from rpc.tls import internal_identity
-    from verifier_svc.main import describe, remote_drafter
+    from verifier_svc.main import build_verifier, describe
     from verifier_svc.service import VerifierEngine
 
     try:
-        drafter = None
-        if settings.direct_drafter_address:
-            drafter = remote_drafter(settings, internal_identity(settings))
-        built = build_engine(settings.model, settings.draft, settings.engine_config(), drafter=drafter,
-                             local=settings.local_draft)
+        built = build_verifier(settings)
     except Exception as exc:  # the serving process raises it as its own (a bad field is its one-line error)
         if not isinstance(exc, (ValueError, FileNotFoundError)):
             log.exception("the engine failed to load")

@@ -47,11 +47,7 @@ async def serve(settings: VerifierSettings) -> None:
         await engine.start()  # the model loads there
         vocab_size = engine.vocab_size
     else:
-        from engine.factory import build_engine
-
-        built = build_engine(settings.model, settings.draft, settings.engine_config(),
-                             drafter=remote_drafter(settings, identity) if settings.direct_drafter_address else None,
-                             local=settings.local_draft)
+        built = build_verifier(settings, identity)
         describe(built, settings)
         engine = LocalEngine(VerifierEngine(built.decoder, settings.lease_s), settings.engine_config().device)
         vocab_size = built.target.config.vocab_size
@@ -99,6 +95,19 @@ async def serve(settings: VerifierSettings) -> None:
                                                    verifier_pb2_grpc.add_VerifierServicer_to_server, servicer),
                                settings.verifier_port, settings, lambda: _start(engine, settings),
                                read("stats"), identity)
+
+
+def build_verifier(settings: VerifierSettings, identity=None):
+    """The verifier's engine: its target, and its embedded drafter or, with ``direct_drafter_address``, the drafter
+    service it calls (over ``identity``'s TLS, read from ``settings`` when not given) beside its own ``local_draft``
+    drafter (engine/factory.py ``build_engine``)."""
+    from engine.factory import build_engine
+
+    drafter = None
+    if settings.direct_drafter_address:
+        drafter = remote_drafter(settings, identity or internal_identity(settings))
+    return build_engine(settings.model, settings.draft, settings.engine_config(), drafter=drafter,
+                        local=settings.local_draft)
 
 
 def describe(built, settings: VerifierSettings) -> None:

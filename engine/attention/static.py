@@ -89,10 +89,7 @@ class StaticAttention:
         they hold exactly their own q_len tokens, all in the scratch block. ``kv_lens`` None: the tables
         only (the lengths already lie on the device, chained from the round before)."""
         n = len(tables)
-        if n > self.rows or any(len(t) > self.max_blocks for t in tables):
-            raise ValueError(f"static attention: {n} rows, longest table {max(map(len, tables), default=0)} blocks "
-                             f"do not fit the bucket ({self.rows} rows, {self.max_blocks} blocks)")
-        if self._tables.update(tables):
+        if self._tables.update(tables):  # (it checks that they fit)
             self.block_table.copy_(torch.from_numpy(self._tables.table), non_blocking=True)
         if kv_lens is not None:  # (the driver stages pageable memory before the call returns: the array is free)
             lens = self._tables.lens
@@ -149,16 +146,22 @@ class HeldTables:
         self.held: list[list[int]] = [[] for _ in range(rows)]  # each row's table (a copy); []: padding
 
     def update(self, tables: Sequence[Sequence[int]]) -> bool:
-        """Rows 0 .. len(tables) - 1 take these tables, the rest none (padding). Returns whether any row changed."""
-        changed, none = False, []
+        """Rows 0 .. len(tables) - 1 take these tables, the rest none (padding). Returns whether any row changed;
+        raises (changing nothing) where the tables do not fit."""
+        (rows, width), changed = self.table.shape, []
         for i, held in enumerate(self.held):
-            t = tables[i] if i < len(tables) else none
-            if not isinstance(t, list):
+            t = tables[i] if i < len(tables) else []
+            if not isinstance(t, list):  # (a tuple never equals a list)
                 t = list(t)
-            if t == held:
-                continue
-            row = self.table[i]
+            if t != held:
+                changed.append((i, list(t)))  # a copy: the allocator's lists grow in place
+        if len(tables) > rows or any(len(t) > width for _, t in changed):  # (unchanged rows fit already)
+            raise ValueError(f"static attention: {len(tables)} rows, longest table "
+                             f"{max(map(len, tables), default=0)} blocks do not fit the bucket ({rows} rows, "
+                             f"{width} blocks)")
+        for i, t in changed:
+            row, held = self.table[i], self.held[i]
             row[:len(t)] = t
             row[len(t):len(held)] = self.scratch  # (past its own table a row holds the scratch block)
-            self.held[i], changed = list(t), True
-        return changed
+            self.held[i] = t
+        return bool(changed)

@@ -145,3 +145,8 @@ def test_a_bucket_uploads_exactly_the_tables_it_is_given_round_after_round():
         attn.set_rows([alloc.block_table(s) for s in sids], [1] * len(sids))
         assert torch.equal(attn.block_table, expect(*sids)), sids
         assert step.block_table is attn.block_table
+    alloc.extend("c", 6 * BS + 1)  # a table longer than the bucket's: refused, nothing changed
+    with pytest.raises(ValueError, match="do not fit the bucket"):
+        attn.set_rows([alloc.block_table("a"), alloc.block_table("c")], [1, 1])
+    attn.set_rows([alloc.block_table("a")], [1])
+    assert torch.equal(attn.block_table, expect("a"))
