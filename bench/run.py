@@ -103,14 +103,11 @@ def round_split(timer: PhaseTimer) -> dict:
 
 def _chosen_k(decoder, k: int, batch_size: int, greedy: bool) -> int:
     """The k the batch policy chose for rounds of this batch size: by cost (engine/policy.py) the last time it ran
-    one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it or its cohort
-    rule's last verdict at this size was to decode plainly."""
-    policy, limit, cohort = decoder.fast.policy, decoder.config.spec_max_batch, decoder.fast.cohort
-    if policy is None:  # the max-batch rule (or none), with its cohort rule's last verdict at this size
+    one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it."""
+    policy, limit = decoder.fast.policy, decoder.config.spec_max_batch
+    if policy is None:  # the max-batch rule (or none)
         over = limit is not None and spec_load([greedy] * batch_size) > limit
-        if decoder.fused_plain is not None and over:
-            return 0
-        return k if cohort is None or cohort.chosen.get(cohort.bucket(batch_size), True) else 0
+        return 0 if decoder.fused_plain is not None and over else k
     return policy.chosen.get(policy.bucket(batch_size), k)
 
 
@@ -175,8 +172,6 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
             "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size, case.temperature == 0),
             "policy": _policy(decoder, case.batch_size),
-            # batches admitted together that the default rule's cohort check sent to decode plainly (engine/policy.py)
-            "plain_cohorts": decoder.fast.cohort.plain_cohorts if decoder.fast.cohort is not None else None,
             "pipeline_max_batch": cfg.pipeline_rows,
             # fused rounds read after being launched ahead, launched ahead but dropped unread (wasted), and launched
             # ahead without rows that had finished (compacted); rows that joined a chain of rounds launched ahead

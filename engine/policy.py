@@ -20,11 +20,10 @@ plain one (k 0). The rule, per round of B rows:
 Where a bucket was not timed (no GPU, or its graphs were never captured) the rule is ``spec_max_batch``. The chosen k
 per rows bucket is kept for the metrics (``chosen``).
 
-The default rule (``--spec-policy max-batch``) is ``spec_max_batch``: speculate while the running requests'
-``spec_load`` is at most it, a greedy request weighing 1 and a sampled one ``SAMPLED_LOAD``; within it, a drafter
-outside the graph answers to ``SpecGuard`` and a batch admitted together to ``CohortRule`` (below). A sampled row's
-speculative round costs more (its drafts' q in and out of the graph, rejection sampling over the vocabulary) and
-accepts less (2.1 tokens a round against 2.7 greedy with the EAGLE head on ShareGPT); served on an H200 with
+The default rule (``--spec-policy max-batch``) is ``spec_max_batch`` alone: speculate while the running requests'
+``spec_load`` is at most it, a greedy request weighing 1 and a sampled one ``SAMPLED_LOAD``. A sampled row's speculative
+round costs more (its drafts' q in and out of the graph, rejection sampling over the vocabulary) and accepts less
+(2.1 tokens a round against 2.7 greedy with the EAGLE head on ShareGPT); served on an H200 with
 ``spec_max_batch`` 8 (bench/RESULTS.md, issue 23), greedy speculation gained at 4 and 8 requests, sampled (T 0.7) at
 4 and not at 8.
 """
@@ -120,18 +119,14 @@ class SpecPolicy:
         self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
 
     def request_tau(self, accepted: int, drafted: int) -> float | None:
-        return request_tau(accepted, drafted, self.k)
-
-
-def request_tau(accepted: int, drafted: int, k: int) -> float | None:
-    """A request's expected tokens per speculative round of ``k`` drafts: None (the prior) until it has drafted
-    ``MIN_ROUNDS`` rounds' worth (a request's first rounds after its prompt often accept little: they must not demote
-    it for good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds."""
-    rounds = drafted / k
-    if rounds < MIN_ROUNDS:
-        return None
-    own = 1.0 + accepted / rounds
-    return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
+        """A request's expected tokens per speculative round: None (the prior) until it has drafted ``MIN_ROUNDS``
+        rounds' worth (a request's first rounds after its prompt often accept little: they must not demote it for
+        good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds."""
+        rounds = drafted / self.k
+        if rounds < MIN_ROUNDS:
+            return None
+        own = 1.0 + accepted / rounds
+        return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
 
 
 class SpecGuard:
@@ -210,65 +205,3 @@ class SpecGuard:
         spent, tokens, n = self.spec.get(b, (0.0, 0.0, 0))
         self.since.setdefault(b, self.clock())
         self.spec[b] = (spent + round_ms, tokens + tokens_per_row, n + 1)
-
-
-class CohortRule:
-    """The default rule's check on a *cohort*: a batch of requests admitted together, all still running, none waiting
-    behind them (``tandem bench``'s waves, a static batch of prompts). Such a batch is done when its slowest request
-    is, and speculation speeds each request by its own acceptance: a request that rarely accepts (an n-gram drafter's
-    on text with no repeats) takes more speculative rounds to finish than the batch's plain steps would take, and
-    every other row waits for it. So, within ``spec_max_batch``, a cohort of B >= 2 rows speculates only while
-
-        max_r(left_r) * plain(B)  >=  MARGIN * max_r(left_r / tau_r) * spec(B)
-
-    - ``left_r``: the tokens request r may still commit; ``tau_r``: the tokens it committed a round since its first
-      token (in a cohort not demoted every such round is speculative; a round whose drafter found nothing to draft
-      costs a round and commits one); the rule waits until every row has run ``MIN_ROUNDS`` such rounds;
-    - ``spec(B)``: a speculative round's cost at that rows bucket, ``plain(B)`` a plain token's: the graphs' replays
-      timed at capture (a GPU), then learned from the steady rounds run on each graph (an EWMA of their wall time).
-    Where a row finishing is replaced by a new request (continuous batching, a server's load) the batch is no
-    cohort and this rule says nothing: every speculative round then pays by its own tokens, which the rule of
-    ``spec_max_batch`` already weighs. A request's verdict is its own to its end (it decodes plainly, demoted as by
-    the batch policy). Untimed buckets (no GPU) are never decided."""
-
-    def __init__(self, buckets: Sequence[int]) -> None:
-        self.buckets = tuple(buckets)
-        self.spec_ms: dict[int, float] = {}   # rows bucket -> ms of a speculative round
-        self.plain_ms: dict[int, float] = {}  # rows bucket -> ms of a plain token
-        self.chosen: dict[int, bool] = {}     # rows bucket -> its last verdict (for the bench rows)
-        self.plain_cohorts = 0                # cohorts it sent to decode plainly
-
-    def bucket(self, rows: int) -> int:
-        return rows_bucket(self.buckets, rows)
-
-    def timed(self, spec_ms: dict[int, float], plain_ms: dict[int, float]) -> None:
-        """The captured graphs' replay times by rows bucket (the plain graph's per token), before any request."""
-        for have, times in ((self.spec_ms, spec_ms), (self.plain_ms, plain_ms)):
-            for b, ms in times.items():
-                have.setdefault(b, ms)
-
-    def observe(self, speculative: bool, rows: int, ms: float) -> None:
-        """A steady round of ``rows`` rows on one graph: ``ms`` a speculative round's wall time, or a plain round's
-        per token."""
-        b = self.bucket(rows)
-        learned = self.spec_ms if speculative else self.plain_ms
-        old = learned.get(b)
-        if old is not None:  # an untimed bucket learns nothing: it is never decided
-            learned[b] = (1 - HOST_EWMA) * old + HOST_EWMA * ms
-
-    def speculate(self, rows: Sequence[tuple[int, int, int]]) -> bool:
-        """Whether a cohort goes on speculating; ``rows``: each request's tokens left, and the tokens it committed in
-        the rounds since its first token, and those rounds."""
-        b = self.bucket(len(rows))
-        spec, plain = self.spec_ms.get(b), self.plain_ms.get(b)
-        if len(rows) < 2 or spec is None or plain is None or any(n < MIN_ROUNDS for _, _, n in rows):
-            return True
-        steps = max(left for left, _, _ in rows)
-        rounds = max(left * n / max(tokens, 1) for left, tokens, n in rows)
-        yes = steps * plain >= MARGIN * rounds * spec
-        if not yes:
-            self.plain_cohorts += 1
-            log.info("batch policy: a cohort of %d rows decodes plainly: its slowest row needs %.0f speculative "
-                     "rounds of %.2f ms, %d plain steps of %.2f ms do it all", len(rows), rounds, spec, steps, plain)
-        self.chosen[b] = yes
-        return yes

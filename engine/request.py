@@ -60,7 +60,6 @@ class Request:
     accepted: int = 0
     drafted: int = 0
     draws: int = 0                  # rounds of coins drawn from the target's streams (engine/sampling/coins.py)
-    admitted: int = -1              # the scheduler's admission it came in with (a cohort shares one)
     features: FeatureQueue = field(default_factory=FeatureQueue)  # target features not yet handed to a drafter
 
     def __post_init__(self) -> None:

@@ -55,7 +55,6 @@ class Scheduler:
         self.rows: collections.Counter[str] = collections.Counter()  # every row of every round, by Reason value
         self._exits_logged: dict[str, set[Reason]] = {}
         self._ids = itertools.count()
-        self._admissions = itertools.count()
         self._reserved_blocks = 0
 
     # ------------------------------------------------------------------ admission
@@ -99,7 +98,6 @@ class Scheduler:
         if len(self.requests) >= self.config.max_batch_size:
             raise CapacityError(f"batch full ({self.config.max_batch_size} requests)")
         self._reserve(r)
-        r.admitted = next(self._admissions)
 
     def _reserve(self, r: Request) -> None:
         need = self._blocks_needed(r)
@@ -109,15 +107,13 @@ class Scheduler:
         self.requests[r.request_id] = r
 
     def admit(self) -> None:
-        """Queued requests, in order, while the batch and the KV cache take them (those admitted in one call share
-        their ``admitted`` mark: a cohort, for the batch policy)."""
-        mark = next(self._admissions)
+        """Queued requests, in order, while the batch and the KV cache take them."""
         while self.waiting and len(self.requests) < self.config.max_batch_size:
             try:
                 self._reserve(self.waiting[0])
             except CapacityError:
                 break
-            self.waiting.popleft().admitted = mark
+            self.waiting.popleft()
 
     def unqueue(self, request_id: str) -> bool:
         """Drop a queued request (it holds nothing yet)."""
@@ -195,12 +191,9 @@ class Scheduler:
             guard, limit = self.fast.guard, self.config.spec_max_batch  # guard: a drafter outside the graph
             # (n above the limit is over it whatever the load: every request weighs at least 1)
             if n <= limit and spec_load(r.params.greedy for r in self.requests.values()) <= limit:
-                if guard is None:
-                    if self._cohort_speculates():
-                        return []
-                elif guard.speculate(n, clean=not self.demoted and not self.local):
+                if guard is None or guard.speculate(n, clean=not self.demoted and not self.local):
                     return []
-                elif self.fast.local is not None:
+                if self.fast.local is not None:
                     moved = [rid for rid in self.requests if rid not in self.demoted and rid not in self.local]
                     if moved:
                         log.debug("the outside drafter's rounds of %d rows do not pay: %d requests draft with %s",
@@ -213,14 +206,6 @@ class Scheduler:
         demoted = [rid for rid in self.requests if rid not in self.demoted]
         self.demoted.update(demoted)
         return demoted
-
-    def _cohort_speculates(self) -> bool:
-        """The cohort rule (engine/policy.py ``CohortRule``) where the running requests were all admitted together,
-        none demoted and none waiting; True anywhere else."""
-        cohort, running = self.fast.cohort, list(self.requests.values())
-        if cohort is None or self.waiting or self.demoted or len({r.admitted for r in running}) != 1:
-            return True
-        return cohort.speculate([(r.room(), r.num_output - 1, r.rounds - 1) for r in running])
 
     # ------------------------------------------------------------------ routing
     def route(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,

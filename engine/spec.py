@@ -180,8 +180,7 @@ class SpecDecoder:
                 outputs += self._commit(_requests(rows), self.fast.run(graph, rows, plan.launch_ahead))
         if launched is not None:
             outputs += self._commit(eager, self.eager.finish(launched))
-        ruled = self.fast.policy is not None or self.fast.cohort is not None
-        if (ruled and not plan.eager and bool(plan.fused) != bool(plan.fused_plain)
+        if (self.fast.policy is not None and not plan.eager and bool(plan.fused) != bool(plan.fused_plain)
                 and all(row.reason is not Reason.ENTERED for row in plan.fused)):  # steady rounds only
             self._observe(plan, outputs, time.perf_counter() - start)
         if self.fast.guard is not None:
@@ -190,15 +189,12 @@ class SpecDecoder:
         return [by_id[r.request_id] for r in reqs if r.request_id in by_id]
 
     def _observe(self, plan: RoundPlan, outputs: Sequence[RequestOutput], seconds: float) -> None:
-        """A round on one graph: its cost (and, speculative, its acceptance) for the batch policy (by cost, or the
-        default's cohort rule)."""
+        """A round on one graph: its cost (and, speculative, its acceptance) for the batch policy."""
         policy, speculative = self.fast.policy, bool(plan.fused)
         rows = len(plan.fused or plan.fused_plain)
         steps = 1 if speculative else self.fused_plain.store.steps_for(rows)  # a plain round's cost per token
-        for rule in (policy, self.fast.cohort):
-            if rule is not None:
-                rule.observe(speculative, rows, seconds * 1e3 / steps)
-        if policy is not None and speculative and outputs:
+        policy.observe(speculative, rows, seconds * 1e3 / steps)
+        if speculative and outputs:
             policy.accepted(sum(o.round_accepted + 1 for o in outputs) / len(outputs))
 
     def _guard(self, plan: RoundPlan, outputs: Sequence[RequestOutput], seconds: float) -> None:

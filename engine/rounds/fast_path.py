@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.policy import CohortRule, SpecGuard, SpecPolicy
+from engine.policy import SpecGuard, SpecPolicy
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
 from engine.rounds.graph_sampling import Mode
@@ -49,7 +49,6 @@ class FastPath:
         self.next_drafts: dict[str, NextDrafts] = {}
         self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
         self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (policy.py)
-        self.cohort: CohortRule | None = None  # the default rule's check on a batch admitted together (policy.py)
         self.local: "Drafter | None" = None  # the speculative graph's drafter where ``drafter`` is outside it
         if not config.use_fused_rounds:
             return
@@ -72,9 +71,6 @@ class FastPath:
             self.policy = SpecPolicy(self.fused.k, self.fused.store.batch_buckets, config.spec_max_batch)
         if outside and self.fused_plain is not None:  # (the cost rule needs the drafter's graph to time)
             self.guard = SpecGuard(self.fused_plain.store.batch_buckets)
-        elif (not outside and self.policy is None and self.fused_plain is not None and self.fused is not None
-              and self.fused.k):
-            self.cohort = CohortRule(self.fused.store.batch_buckets)
 
     @property
     def graphs(self) -> list[FusedRounds]:
@@ -86,7 +82,7 @@ class FastPath:
         replay timed for the policy. Else the speculative graph for rounds of up to ``spec_max_batch`` rows (every
         size where there is no batch policy), the plain graph for every size (the requests the policy demotes
         decode plainly to their end, as their batch shrinks too; with a drafter outside the graph, each bucket's
-        replay timed for the guard; with the graph's own, both graphs' replays timed for the cohort rule)."""
+        replay timed for the guard)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
@@ -95,12 +91,10 @@ class FastPath:
             return n
         if spec is not None:
             n += spec.capture_buckets(max_batch if plain is None else min(spec_max_batch, max_batch), **kw)
-        if plain is not None and (spec_max_batch < max_batch or self.guard is not None or self.cohort is not None):
+        if plain is not None and (spec_max_batch < max_batch or self.guard is not None):
             n += plain.capture_buckets(max_batch, **kw)
         if self.guard is not None:  # what a plain token costs, against the drafter's rounds measured later
             self.guard.timed(plain.replay_ms())
-        if self.cohort is not None:  # a cohort's rounds on either graph, learned further from the rounds run
-            self.cohort.timed(spec.replay_ms(), plain.replay_ms())
         return n
 
     def expect(self, plan: RoundPlan) -> None:

@@ -10,8 +10,7 @@ import dataclasses
 
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.ngram import NgramDrafter
-from engine.policy import (GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, MIN_ROUNDS, PRIOR_TAU, CohortRule, SpecGuard,
-                           SpecPolicy, spec_load)
+from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 from tests.conftest import make_decoder
@@ -240,74 +239,3 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(sm
     assert last[second].drafted > 0 and last[first].drafted > 4 * (GUARD_ROUNDS + 1)  # drafting went on, locally
     assert dec.scheduler.rows["on_graph"] > 0 and dec.scheduler.rows["demoted"] == 0
     assert local.history._slot == {} and not dec.requests  # every request's history row went back
-
-
-def test_a_cohort_decodes_plainly_where_its_slowest_row_would_take_longer_than_plain_steps():
-    """A batch admitted together finishes with its slowest row: 100 tokens left at 1.2 a round is 83 rounds of 1.3 ms
-    (108 ms) where 100 plain steps of 1 ms do the whole batch; the same row at 2.0 a round takes 65 ms."""
-    c = CohortRule(BUCKETS)
-    c.timed({b: 1.3 for b in BUCKETS}, {b: 1.0 for b in BUCKETS})
-    n = MIN_ROUNDS
-    assert not c.speculate([(100, 1.2 * n, n), (40, 3.5 * n, n)]) and c.chosen[2] is False and c.plain_cohorts == 1
-    assert c.speculate([(100, 2.0 * n, n), (40, 3.5 * n, n)]) and c.chosen[2] is True
-    assert c.speculate([(100, 1.2 * n, n), (40, 3, n - 1)])        # a row not judged yet
-    assert c.speculate([(100, 1.1 * n, n)])                          # one row: per round, the max-batch rule's
-    assert not c.speculate([(100, 1.2 * n, n), (100, 3.5 * n, n), (40, 3 * n, n)])  # 3 rows: bucket 4
-    assert c.speculate([(50, 1.2 * n, n), (120, 3.5 * n, n), (40, 3 * n, n)])  # the slow row is nearly done
-    c.observe(True, 2, 5.0)                                          # learned: an EWMA of steady rounds' wall time
-    assert abs(c.spec_ms[2] - (0.8 * 1.3 + 0.2 * 5.0)) < 1e-9
-    assert not c.speculate([(100, 2.0 * n, n), (40, 3.5 * n, n)])    # 50 rounds of 2.04 ms: 107 vs 100 / 1.05
-    untimed = CohortRule(BUCKETS)
-    untimed.observe(True, 2, 1.0)
-    untimed.observe(False, 2, 1.0)
-    assert untimed.spec_ms == untimed.plain_ms == {} and untimed.speculate([(100, n, n), (100, n, n)])
-
-
-def _cohort_decoder(smollm, spec_ms: float) -> SpecDecoder:
-    """The default rule with a graph's own drafter (n-gram), its figures given as a GPU would time them (a plain token
-    1 ms, a speculative round ``spec_ms``); the CPU's round times are not learned (a GPU never has them)."""
-    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=8)
-    assert dec.fast.cohort is not None and dec.fast.policy is None and dec.fast.guard is None
-    dec.fast.cohort.timed({b: spec_ms for b in BUCKETS}, {b: 1.0 for b in BUCKETS})
-    dec.fast.cohort.observe = lambda *args: None
-    return dec
-
-
-def test_a_cohort_with_a_row_that_rarely_accepts_decodes_plainly_and_the_same(smollm):
-    """Two requests admitted together with the n-gram drafter: a counting prompt whose continuation repeats, and prose
-    that rarely does. Against speculative rounds of 2 ms (a plain token 1 ms) the prose row's rounds cost more than the
-    pair's plain steps, so both are demoted once each has run MIN_ROUNDS speculative rounds; two repeating rows
-    speculate to their end; output stays plain greedy either way."""
-    texts = ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "The old lighthouse keeper wrote letters to",
-             "a b c d a b c d a b c d a")
-    prompts = [smollm.tokenizer.encode(t) for t in texts]
-    params = SamplingParams(max_tokens=120, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
-    dec = _cohort_decoder(smollm, spec_ms=2.0)
-    got = dec.generate(prompts[:2], params)
-    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain[:2]]
-    rows = dec.scheduler.rows
-    assert dec.fast.cohort.plain_cohorts == 1 and rows["demoted"] > 0
-    assert 2 * MIN_ROUNDS <= rows["entered"] + rows["on_graph"] <= 2 * (MIN_ROUNDS + 2)  # demoted once judged
-    assert got[0].drafted >= 4 * MIN_ROUNDS                          # the counting row drafted every round till then
-    got = dec.generate([prompts[0], prompts[2]], params)
-    assert [o.new_token_ids for o in got] == [plain[0].new_token_ids, plain[2].new_token_ids]
-    assert dec.fast.cohort.plain_cohorts == 1 and all(o.drafted > 4 * (MIN_ROUNDS + 2) for o in got)
-
-
-def test_requests_arriving_one_by_one_are_no_cohort(smollm):
-    """The same prose and counting rows, the second arriving rounds after the first (a server's load): a row finishing
-    would be replaced, so the cohort rule says nothing and both speculate to their end."""
-    texts = ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "The old lighthouse keeper wrote letters to")
-    prompts = [smollm.tokenizer.encode(t) for t in texts]
-    params = SamplingParams(max_tokens=120, ignore_eos=True)
-    dec = _cohort_decoder(smollm, spec_ms=2.0)
-    ids = [dec.add_request(prompts[0], params)]
-    last = {}
-    for _ in range(3):
-        last.update((o.request_id, o) for o in dec.step())
-    ids.append(dec.add_request(prompts[1], params))
-    while dec.has_unfinished():
-        last.update((o.request_id, o) for o in dec.step())
-    assert dec.fast.cohort.plain_cohorts == 0 and not dec.scheduler.demoted
-    assert all(last[i].drafted > 4 * (MIN_ROUNDS + 2) for i in ids)
