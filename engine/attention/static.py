@@ -50,6 +50,7 @@ class StaticAttention:
         self.block_table = torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=dev)  # [B, M]
         self._tables = HeldTables(rows, max_blocks, scratch_block)  # what block_table holds, on the host
         self.kv_lens = torch.full((rows,), q_len, dtype=torch.long, device=dev)                          # [B]
+        self._lens = np.zeros(rows, dtype=np.int64)  # [B] set_rows' KV lengths, on the host (one array, refilled)
         self.slots: torch.Tensor | None = None                                                         # [B*Q]
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
@@ -92,9 +93,8 @@ class StaticAttention:
         if self._tables.update(tables):  # (it checks that they fit)
             self.block_table.copy_(torch.from_numpy(self._tables.table), non_blocking=True)
         if kv_lens is not None:  # (the driver stages pageable memory before the call returns: the array is free)
-            lens = self._tables.lens
-            lens[:n], lens[n:] = kv_lens, self.q_len
-            self.kv_lens.copy_(torch.from_numpy(lens), non_blocking=True)
+            self._lens[:n], self._lens[n:] = kv_lens, self.q_len
+            self.kv_lens.copy_(torch.from_numpy(self._lens), non_blocking=True)
 
     def share_table(self, other: "StaticAttention") -> None:
         """Read ``other``'s block table (one table serving several forwards: a drafter's catch-up and its steps);
@@ -142,7 +142,6 @@ class HeldTables:
     def __init__(self, rows: int, max_blocks: int, scratch_block: int) -> None:
         self.scratch = scratch_block
         self.table = np.full((rows, max_blocks), scratch_block, dtype=np.int64)  # [B, M]
-        self.lens = np.zeros(rows, dtype=np.int64)                              # [B] set_rows' KV lengths
         self.held: list[list[int]] = [[] for _ in range(rows)]  # each row's table (a copy); []: padding
 
     def update(self, tables: Sequence[Sequence[int]]) -> bool:
