@@ -13,6 +13,10 @@
 # V: rounds launched ahead through rows finishing (chained rows compacted, room counted down on the device): the GPU
 #    tests of rounds launched ahead, then tandem bench at bs 1, 4, 16, 64, greedy, speculation at every size
 #    (--spec-max-batch 64) and plain, HumanEval 64 prompts: BASE=path's tree, then this one.
+# Q: where a continuous batch's speculative round goes at 16 and 64 rows: bench.step_profile --round auto and none at
+#    batch 16 and 64 (greedy), then tandem bench with continuous admission, speculation at every size, HumanEval
+#    (NUM, default 256, prompts), greedy, plain and the EAGLE head, sampled by py-spy record (raw stacks; carry
+#    [".carry/env", ".whl"]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -54,6 +58,22 @@ case "${PART:-P}" in
         --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     fi ;;
+  Q)
+    for d in auto none; do
+      timeout 100 python3 -m bench.step_profile --round $d --batch 16,64 --iters 100 --top 12 \
+        --out "$OUT/profile-$d-0.json" > "$OUT/profile-$d-0.log" 2>&1
+      grep -E '^round' "$OUT/profile-$d-0.log" || tail -5 "$OUT/profile-$d-0.log"
+    done
+    timeout 200 python3 -m cli.main bench --name "$name-cont" --dataset humaneval --num-prompts "${NUM:-256}" \
+      --batch-sizes 16,64 --drafts none,auto --baselines none --temperatures 0 --spec-max-batch 64 \
+      --admission continuous --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-cont.log" 2>&1
+    grep -E '^\|' "$OUT/$name-cont.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$name-cont.log"; echo "bench at $SECONDS s"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    timeout 150 py-spy record -r 200 --nonblocking -f raw -o "$OUT/pyspy-cont64.txt" -- python3 -m cli.main bench \
+      --name "$name-cont64" --dataset humaneval --num-prompts 1024 --batch-sizes 64 --drafts auto --baselines none \
+      --temperatures 0 --spec-max-batch 64 --admission continuous --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$name-cont64.log" 2>&1
+    grep -E '^\|' "$OUT/$name-cont64.md" | cut -d'|' -f2-14; echo "done at $SECONDS s" ;;
   V)
     timeout 200 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
       -k "launched_ahead or captured_sampled_rounds" > "$OUT/gpu-tests.log" 2>&1; tail -3 "$OUT/gpu-tests.log"
