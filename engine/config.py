@@ -151,6 +151,11 @@ class EngineConfig:
     # are captured (cuda), 1 where they run eagerly
     plain_steps: int | None = None
     plain_steps_min_batch: int = 16
+    # while at least admit_group_min_batch requests run, queued requests are admitted admit_group at a time, or once
+    # the queue's head has been held admit_group - 1 rounds: one prefill round (and one round of first drafts) then
+    # serves several arrivals instead of each arrival costing the running batch an eager round; 1: as they come
+    admit_group: int = 1
+    admit_group_min_batch: int = 16
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -175,6 +180,9 @@ class EngineConfig:
                  f"must be >= 1 or None, got {self.plain_steps}")
         _require(self.plain_steps_min_batch >= 1, "plain_steps_min_batch",
                  f"must be >= 1, got {self.plain_steps_min_batch}")
+        _require(self.admit_group >= 1, "admit_group", f"must be >= 1, got {self.admit_group}")
+        _require(self.admit_group_min_batch >= 1, "admit_group_min_batch",
+                 f"must be >= 1, got {self.admit_group_min_batch}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
 

@@ -56,6 +56,7 @@ class Scheduler:
         self._exits_logged: dict[str, set[Reason]] = {}
         self._ids = itertools.count()
         self._reserved_blocks = 0
+        self.held = 0  # rounds the queue's head has been held back to gather arrivals (``admit``)
 
     # ------------------------------------------------------------------ admission
     def _blocks_needed(self, r: Request) -> int:
@@ -107,7 +108,16 @@ class Scheduler:
         self.requests[r.request_id] = r
 
     def admit(self) -> None:
-        """Queued requests, in order, while the batch and the KV cache take them."""
+        """Queued requests, in order, while the batch and the KV cache take them. With ``admit_group`` N > 1, while
+        ``admit_group_min_batch`` requests or more run, they wait until N of them can start together or the first
+        has been held N - 1 rounds: their prefills then share one eager round and their first drafts another."""
+        group = self.config.admit_group
+        if group > 1 and self.waiting and len(self.requests) >= self.config.admit_group_min_batch:
+            free = self.config.max_batch_size - len(self.requests)
+            if 0 < min(free, len(self.waiting)) < group and self.held < group - 1:
+                self.held += 1
+                return
+        self.held = 0
         while self.waiting and len(self.requests) < self.config.max_batch_size:
             try:
                 self._reserve(self.waiting[0])

@@ -130,6 +130,12 @@ class EngineSettings(DraftLengthSettings):
     plain_steps_min_batch: int = Field(16, ge=1, description="plain rounds of at least N requests take "
                                        "--plain-steps forwards; smaller ones one (their GPU work is what they wait "
                                        "for, and an arriving request would wait for the longer round)")
+    admit_group: int = Field(1, ge=1, description="while --admit-group-min-batch requests or more run, queued "
+                             "requests are admitted N at a time, or once the first has waited N - 1 rounds: one "
+                             "prefill round and one round of first drafts serve several arrivals (1: each as it "
+                             "comes)")
+    admit_group_min_batch: int = Field(16, ge=1, description="--admit-group holds arrivals only while at least N "
+                                       "requests run (below that, arrivals are too rare to gather)")
 
     # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m
     WIRE_TOP_M: ClassVar[int] = 32
@@ -147,7 +153,8 @@ class EngineSettings(DraftLengthSettings):
                             fused_rounds=None if self.fused_rounds else False, spec_max_batch=self.spec_max_batch,
                             spec_policy=self.spec_policy,
                             pipeline_max_batch=self.pipeline_max_batch, plain_steps=self.plain_steps,
-                            plain_steps_min_batch=self.plain_steps_min_batch)
+                            plain_steps_min_batch=self.plain_steps_min_batch, admit_group=self.admit_group,
+                            admit_group_min_batch=self.admit_group_min_batch)
 
 
 class ServiceEngineSettings(ServerSettings, EngineSettings):

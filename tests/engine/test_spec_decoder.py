@@ -181,3 +181,40 @@ def test_resumed_output_ending_inside_a_character_streams_no_text_twice(smollm):
     assert r.text == streamed.text and streamed.text.startswith("Hello")
     kept, delta = r.commit(split[cut:])  # the rest, as if the target had produced it
     assert streamed.text + delta == "Hello 🦙 llama"
+
+
+def test_arrivals_gathered_start_together_and_decode_the_same(smollm, prompts, reference):
+    # admit_group 3 while 2 or more run: a lone arrival waits (at most 2 rounds); three start in one round
+    dec = make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True, pipeline_max_batch=8,
+                       admit_group=3, admit_group_min_batch=2)
+    tokens: dict[str, list[int]] = {}
+
+    def step() -> set[str]:
+        out = dec.step()
+        for o in out:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        return {o.request_id for o in out}
+
+    ids = [dec.add_request(p, GREEDY) for p in prompts[:2]]
+    step()
+    step()
+    ids.append(dec.add_request(prompts[2], GREEDY))
+    assert ids[2] not in step() and dec.scheduler.held == 1  # one waiting of a group of 3: held
+    ids += [dec.add_request(p, GREEDY) for p in prompts[3:5]]
+    assert set(ids[2:5]) <= step() and not dec.waiting  # three: they start (and prefill) together
+    ids.append(dec.add_request(prompts[5], GREEDY))
+    first = [ids[5] in step() for _ in range(3)]
+    assert first == [False, False, True]  # alone, it waits group - 1 rounds, then starts
+    more, final = run_all(dec)
+    for rid, extra in more.items():
+        tokens.setdefault(rid, []).extend(extra)
+    assert [tokens[rid] for rid in ids] == reference
+    assert all(final[rid].finish_reason is FinishReason.LENGTH for rid in ids)
+
+
+def test_arrivals_are_not_held_below_the_group_batch(smollm, prompts):
+    dec = make_decoder(smollm, "none", k=0, admit_group=4, admit_group_min_batch=3)
+    first = dec.add_request(prompts[0], GREEDY)
+    dec.step()
+    second = dec.add_request(prompts[1], GREEDY)  # one request runs, fewer than 3: no gathering
+    assert {o.request_id for o in dec.step()} == {first, second} and dec.scheduler.held == 0
