@@ -17,7 +17,7 @@
 #    batch 16 and 64 (greedy), then tandem bench with continuous admission, speculation at every size, HumanEval
 #    (NUM, default 256, prompts), greedy, plain and the EAGLE head, sampled by py-spy record (raw stacks; carry
 #    [".carry/env", ".whl"]).
-# R: arrivals gathered (--admit-group G, for each G of GROUPS, default 1,4,8): tandem bench with continuous admission,
+# R: arrivals gathered (--admit-group G, for each G of ADMIT, default 1,4,8): tandem bench with continuous admission,
 #    speculation at every size (--spec-max-batch 64), HumanEval (NUM, default 512, prompts), greedy (TEMPS), plain and
 #    the EAGLE head (DRAFTS), at BS (default 16,64).
 source "$(dirname "$0")/env.sh"
@@ -78,7 +78,7 @@ case "${PART:-P}" in
       > "$OUT/$name-cont64.log" 2>&1
     grep -E '^\|' "$OUT/$name-cont64.md" | cut -d'|' -f2-14; echo "done at $SECONDS s" ;;
   R)
-    for g in $(echo "${GROUPS:-1,4,8}" | tr , ' '); do
+    for g in $(echo "${ADMIT:-1,4,8}" | tr , ' '); do
       tag="$name-group$g"
       timeout 200 python3 -m cli.main bench --name "$tag" --dataset humaneval --num-prompts "${NUM:-512}" \
         --batch-sizes "${BS:-16,64}" --drafts "${DRAFTS:-none,auto}" --baselines none --temperatures "${TEMPS:-0}" \
