@@ -60,8 +60,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def _blocks_needed(self, r: Request) -> int:
-        # a round launched ahead writes up to 2k + 1 entries past a row's committed length (engine/rounds/fused.py)
-        worst = min(len(r.prompt_ids) + r.params.max_tokens, self.max_context) + 2 * self.config.max_k + 2
+        # the replay in flight and one launched ahead write up to two spans past a row's committed length
+        # (engine/rounds/fused.py: a span is k + 1 entries a speculative round, spec_rounds of them a replay)
+        cfg = self.config
+        worst = (min(len(r.prompt_ids) + r.params.max_tokens, self.max_context)
+                 + 2 * max(cfg.spec_rounds * (cfg.max_k + 1), cfg.plain_round_steps))
         return self.target.allocator.blocks_for(worst)
 
     def create(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None,

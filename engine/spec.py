@@ -192,10 +192,11 @@ class SpecDecoder:
         """A round on one graph: its cost (and, speculative, its acceptance) for the batch policy."""
         policy, speculative = self.fast.policy, bool(plan.fused)
         rows = len(plan.fused or plan.fused_plain)
-        steps = 1 if speculative else self.fused_plain.store.steps_for(rows)  # a plain round's cost per token
+        graph = self.fused if speculative else self.fused_plain  # a plain token's cost, a speculative round's
+        steps = graph.store.steps_for(rows, Mode.of([r.request.params for r in plan.fused or plan.fused_plain]))
         policy.observe(speculative, rows, seconds * 1e3 / steps)
         if speculative and outputs:
-            policy.accepted(sum(o.round_accepted + 1 for o in outputs) / len(outputs))
+            policy.accepted(sum(o.round_accepted + steps for o in outputs) / len(outputs) / steps)
 
     def _guard(self, plan: RoundPlan, outputs: Sequence[RequestOutput], seconds: float) -> None:
         """A round all of whose rows asked the drafter (some got drafts), or all on the plain graph: its cost for the
@@ -259,11 +260,12 @@ class SpecDecoder:
         for r, res in zip(reqs, results):
             if res is None:
                 continue
-            r.rounds += 1
-            r.accepted += res.num_accepted
-            r.drafted += res.num_draft
             kept, delta = r.commit(res.committed)
-            outputs.append(r.output(kept, delta, res.num_accepted, res.num_draft))
+            rounds, accepted, drafted = res.counts(len(kept))
+            r.rounds += rounds
+            r.accepted += accepted
+            r.drafted += drafted
+            outputs.append(r.output(kept, delta, accepted, drafted))
             if r.finished:
                 self._finish(r)
         return outputs

@@ -130,6 +130,12 @@ class EngineSettings(DraftLengthSettings):
     plain_steps_min_batch: int = Field(16, ge=1, description="plain rounds of at least N requests take "
                                        "--plain-steps forwards; smaller ones one (their GPU work is what they wait "
                                        "for, and an arriving request would wait for the longer round)")
+    spec_rounds: int = Field(1, ge=1, description="a greedy speculative round graph of --spec-rounds-min-batch "
+                             "requests or more runs N whole rounds a replay, each verifying the drafts the one "
+                             "before made: the host's work (reading, committing, launching) comes once per N rounds "
+                             "(1: one round a replay)")
+    spec_rounds_min_batch: int = Field(16, ge=1, description="--spec-rounds applies to round graphs of at least N "
+                                       "requests (smaller ones wait on the GPU, not the host)")
     admit_group: int = Field(1, ge=1, description="while --admit-group-min-batch requests or more run, queued "
                              "requests are admitted N at a time, or once the first has waited N - 1 rounds: one "
                              "prefill round and one round of first drafts serve several arrivals (1: each as it "
@@ -154,6 +160,7 @@ class EngineSettings(DraftLengthSettings):
                             spec_policy=self.spec_policy,
                             pipeline_max_batch=self.pipeline_max_batch, plain_steps=self.plain_steps,
                             plain_steps_min_batch=self.plain_steps_min_batch, admit_group=self.admit_group,
+                            spec_rounds=self.spec_rounds, spec_rounds_min_batch=self.spec_rounds_min_batch,
                             admit_group_min_batch=self.admit_group_min_batch)
 
 

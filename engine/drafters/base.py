@@ -56,6 +56,7 @@ class DraftProgram(Protocol):
     """A drafter's part of a fused round for one bucket of ``rows`` rows and k drafts per row."""
 
     allocator: BlockAllocator | None  # the drafter's KV blocks (None: it keeps none, e.g. the n-gram lookup)
+    rounds: int  # whole rounds one replay drafts for (a greedy speculative graph of several; set by its graph)
 
     def load(self, rows: Sequence[tuple[str, int, SamplingParams]], chained: bool = False) -> None:
         """Host, before the replay: rows of (request id, L = committed tokens before the last one, params);

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 class GraphDraftProgram:
     first_position: int = 0  # the position of KV entry 0
+    rounds: int = 1  # whole rounds a replay drafts for
 
     def __init__(self, runner: "ModelRunner", sampler: DraftSampler, rows: int, k: int, max_blocks: int,
                  sampled: bool) -> None:
@@ -97,8 +98,9 @@ class GraphDraftProgram:
         self.sampler.rewind(request_ids)
 
     def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
-        """Room in the head's KV for a round of these rows: the catch-up (to L + k + 1), the draft steps (to L + 2k)."""
-        need = 2 * self.k + 1 - self.first_position
+        """Room in the head's KV for a replay of these rows: the catch-up (to L + k + 1), the draft steps (to L + 2k);
+        each further round of the replay starts up to k + 1 entries later."""
+        need = 2 * self.k + 1 - self.first_position + (self.rounds - 1) * (self.k + 1)
         for rid, length, _ in rows:
             if self.allocator.length(rid) < length + need:
                 self.allocator.extend(rid, length + need)

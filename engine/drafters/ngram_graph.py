@@ -111,6 +111,7 @@ class NgramProgram:
     ``DraftProgram``): no KV and no randomness of its own, only the history rows its rows read."""
 
     allocator = None  # no KV blocks of its own
+    rounds = 1  # whole rounds a replay drafts for (a history row holds a whole context: nothing to grow)
 
     def __init__(self, drafter: "NgramDrafter", rows: int, k: int) -> None:
         self.history, self.k, self.rows = drafter.history, k, rows

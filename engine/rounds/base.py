@@ -41,6 +41,20 @@ class RowResult:
     num_draft: int                  # drafts the round verified for the row
     next_drafts: list[int] | None = None  # the speculative graph: the k drafts of the row's next round
     next_q: torch.Tensor | None = None    # [k, V] their q (sampled rows): a view, valid until the next round
+    # a replay of several speculative rounds: each round's (tokens committed, accepted, drafted), summed above
+    rounds: tuple[tuple[int, int, int], ...] = ()
+
+    def counts(self, kept: int) -> tuple[int, int, int]:
+        """(rounds, accepted, drafted) of the rounds whose tokens reached the request (the first ``kept`` committed
+        tokens: the stop rules may end it inside a replay of several rounds)."""
+        if not self.rounds:
+            return 1, self.num_accepted, self.num_draft
+        n = accepted = drafted = tokens = 0
+        for t, a, d in self.rounds:
+            if n and tokens >= kept:
+                break
+            n, tokens, accepted, drafted = n + 1, tokens + t, accepted + a, drafted + d
+        return n, accepted, drafted
 
 
 class Path(enum.Enum):

@@ -18,6 +18,10 @@ round verifies them, and everything else the next round needs stays in the two K
 With k = 0 and no drafter it is plain decoding (greedy or sampled): ``steps`` forwards a round, each on the token
 the one before picked (so a round commits ``steps`` tokens a row, ``[R, steps + 1]``: tokens, steps - 1), and the
 host's work of a round comes once per ``steps`` tokens.
+With k > 0 and ``steps`` > 1 a greedy graph runs ``steps`` whole rounds a replay (engine/rounds/round_graph.py), the
+second on the first's drafts and committed tokens as a round launched ahead would be, and the host reads them at
+once: its work comes once per ``steps`` rounds. A row that finishes (EOS, max_tokens) inside a replay simply has the
+tokens after it dropped by the stop rules (its KV past them goes when it finishes).
 Sampling (modes, coins drawn outside the graph): engine/rounds/graph_sampling.py.
 
 Host work per round: grow each row's KV allocation for the round, copy the tokens, block tables
@@ -30,6 +34,7 @@ read (engine/rounds/ahead.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -67,10 +72,10 @@ class FusedRounds:
                  ) -> None:
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
-        if steps < 1 or (k and steps > 1):
-            raise ValueError(f"fused rounds: steps must be 1, or more on a plain graph (k 0); got {steps} with k {k}")
+        if steps < 1:
+            raise ValueError(f"fused rounds: steps must be >= 1, got {steps}")
         self.target, self.drafter, self.k = target, drafter, k
-        self.span = k + steps  # tokens a round writes to a row's KV at most, in any graph
+        self.span = steps * (k + 1)  # tokens a replay writes to a row's KV at most, in any graph
         self.capture = capture
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         # a deterministic drafter's drafts are one-hot (no q crosses) and may be fewer than k: a row verifies its
@@ -88,7 +93,8 @@ class FusedRounds:
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
-        self._host_out = [torch.empty(pipeline_rows * (self.span + 1 + k), dtype=torch.long, pin_memory=True)
+        width = steps * (2 * k + 2) if k else steps + 1  # ``RoundGraph.out``'s widest row
+        self._host_out = [torch.empty(pipeline_rows * width, dtype=torch.long, pin_memory=True)
                           for _ in range(2)] if pipelined else []
         self._done = [torch.cuda.Event() for _ in range(2)] if pipelined else []
         self._launches = 0
@@ -134,7 +140,7 @@ class FusedRounds:
 
     def _run(self, rows: Sequence[FusedRow], lengths: list[int], ahead: bool,
              joining: tuple[list[FusedRow], list[int], "RoundGraph"] | None = None) -> list[RowResult]:
-        k, n = self.k, len(rows)
+        n = len(rows)
         taken = self.ahead.take(tuple(r.request_id for r in rows), lengths, tuple(r.num_draft for r in rows))
         index = None  # each row's place in the launch, where rows that finished since it was launched are gone
         if taken is None:
@@ -160,22 +166,41 @@ class FusedRounds:
             out = [out[i] for i in index]
         self.rounds += 1
         alloc = self.target.allocator
-        results = []
-        span = g.span  # the column of a row's accepted count (plain: its tokens - 1)
+        results, nexts = [], []
         for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
-            a = row[span]
-            alloc.truncate(r.request_id, length + a + 1, keep_blocks=chained)
+            res, nd = self._result(g, r, row)
+            n = len(res.committed)
+            alloc.truncate(r.request_id, length + n, keep_blocks=chained)
             if g.program is not None:
-                g.program.commit(r.request_id, length + a + 2, keep_blocks=chained)  # tokens committed
-            q = q_out[i] if q_out is not None and not r.params.greedy else None
-            drafted = min(r.num_draft, _real(r.drafts)) if self.one_hot else r.num_draft
-            results.append(RowResult(row[: a + 1], a if k else 0, drafted, row[span + 1:] if k else None, q))
+                g.program.commit(r.request_id, length + n + 1, keep_blocks=chained)  # tokens committed
+            if q_out is not None and not r.params.greedy:
+                res = dataclasses.replace(res, next_q=q_out[i])
+            results.append(res)
+            nexts.append(nd)
         if chained:  # the L each row will have once this round's tokens are committed, the drafts it verifies
             entering, entering_lengths, _ = joining or ([], [], None)
-            self.ahead.known([length + row[span] + 1 for length, row in zip(lengths, out)] + entering_lengths,
-                             tuple(next_num_draft(r.num_draft, r.room, row[span]) for r, row in zip(rows, out))
-                             + tuple(r.num_draft for r in entering))
+            self.ahead.known([length + len(res.committed) for length, res in zip(lengths, results)]
+                             + entering_lengths, tuple(nexts) + tuple(r.num_draft for r in entering))
         return results
+
+    def _result(self, g: RoundGraph, r: FusedRow, row: list[int]) -> tuple[RowResult, int]:
+        """A row's output (``g.out``'s row) as its result, and the drafts it verifies next round (as
+        engine/rounds/chained.py's ``count_down`` has it)."""
+        k = self.k
+        if not k:  # plain: its steps' tokens, then their number - 1
+            a = row[g.span]
+            return RowResult(row[: a + 1], 0, 0), 0
+        committed, rounds, nd, room, drafts = [], [], r.num_draft, r.room, r.drafts
+        for j in range(g.steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
+            if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
+                break
+            block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
+            a = block[k + 1]
+            committed += block[: a + 1]
+            rounds.append((a + 1, a, min(nd, _real(drafts)) if self.one_hot else nd))
+            nd, room, drafts = next_num_draft(nd, room, a), room - a - 1, block[k + 2:]
+        accepted, drafted = sum(a for _, a, _ in rounds), sum(d for _, _, d in rounds)
+        return RowResult(committed, accepted, drafted, drafts, None, tuple(rounds) if g.steps > 1 else ()), nd
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
                  ) -> tuple["RoundGraph", list[int], list[int]] | None:
@@ -237,7 +262,7 @@ class FusedRounds:
         round), and the next round's longest row, however many drafts this one accepts, still inside this
         graph's context bucket."""
         return (g.chains  # its rows bucket, and so the batch, holds at most pipeline_rows rows
-                and all(r.room > 0 for r in rows) and any(r.room > r.num_draft + g.steps for r in rows)
+                and all(r.room > 0 for r in rows) and any(r.room > g.steps * (r.num_draft + 1) for r in rows)
                 and max(lengths) + 3 * self.span - 1 <= min(g.attn.max_tokens, self.max_context))
 
     def _launch_chained(self, g: RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int],
@@ -269,8 +294,8 @@ class FusedRounds:
         if g.sampling is not None:
             g.sampling.load(everyone, chained=True, params=index is not None or bool(entering), entering=len(entering),
                             advance=src.steps)
-        if g.program is not None:  # a chained row's L is at most its L now + k + 1; an entering row's is known
-            g.program.load([(r.request_id, length + k + 1, r.params) for r, length in zip(rows, lengths)]
+        if g.program is not None:  # a chained row's L is at most its L now + the span of the replay in flight
+            g.program.load([(r.request_id, length + src.span, r.params) for r, length in zip(rows, lengths)]
                            + [(r.request_id, length, r.params) for r, length in zip(entering, entering_lengths)],
                            chained=True)
         launch = self._replay(g, everyone, None, None)

@@ -38,8 +38,11 @@ class GraphStore:
     def bucket(self, rows: int) -> int:
         return next(b for b in self.batch_buckets if b >= rows)
 
-    def steps_for(self, rows: int) -> int:
-        """Forwards a round of this many rows takes (its rows bucket's graph)."""
+    def steps_for(self, rows: int, mode: Mode = Mode.GREEDY) -> int:
+        """Forwards (plain) or whole rounds (speculative, greedy only) a replay of this many rows runs (its rows
+        bucket's graph)."""
+        if self.k and mode != Mode.GREEDY:
+            return 1
         return self.steps if self.bucket(rows) >= self.steps_from else 1
 
     def key(self, rows: int, need: int, params: Sequence["SamplingParams"]) -> Key | None:
@@ -70,15 +73,17 @@ class GraphStore:
         blocks = -(-ctx // t.cache.block_size)
         attn = StaticAttention(t.cache, t.model.config.num_heads, rows, k + 1, blocks, self.scratch_block)
         sampling = None
-        steps = self.steps_for(rows)
+        steps = self.steps_for(rows, mode)
         if mode != Mode.GREEDY:
             sampling = RoundSampling.allocate(rows, k, t.vocab_size, mode == Mode.FILTERED,
                                               t.device, with_q=not self.body.one_hot, steps=steps)
         program = self.drafter.round_program(rows, k, blocks, sampling is not None) if k else None
+        if program is not None:
+            program.rounds = steps  # rounds a replay drafts for (its KV grows for them all)
         inputs = torch.zeros(rows, k + 2, dtype=torch.long, device=t.device)
         inputs[:, k + 1] = k
         chains = rows <= self.pipeline_rows
-        room = torch.zeros(rows, dtype=torch.long, device=t.device) if chains and k else None
+        room = torch.zeros(rows, dtype=torch.long, device=t.device) if (chains or steps > 1) and k else None
         g = RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
         with torch.inference_mode():
             self.body.compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)

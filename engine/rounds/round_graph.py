@@ -2,7 +2,9 @@
 runs (``RoundBody.compute``): per step the target's forward over every row's t0 and drafts, greedy and
 rejection-sampled acceptance; then the drafter's next drafts; then the next round's inputs chained in place
 (engine/rounds/chained.py) where the graph launches rounds ahead. A plain graph (k 0) runs ``steps`` forwards a
-round, each on the token the one before picked.
+round, each on the token the one before picked; a greedy speculative graph of ``steps`` > 1 runs that many whole
+rounds a replay, each verifying the drafts the one before made, its inputs chained and counted down on the device as
+a round launched ahead's are (the host's work then comes once per ``steps`` rounds).
 """
 
 from __future__ import annotations
@@ -30,17 +32,18 @@ class RoundGraph:
     sampling: RoundSampling | None  # sampled modes only
     chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
     key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
-    steps: int                      # forwards a round (plain graphs of plain_steps_min_batch rows and more; else 1)
-    room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (chaining graphs, k > 0)
-    out: torch.Tensor | None = None    # [R, span+1+k] long: committed (span), num_accepted (1), next drafts (k)
+    steps: int                      # forwards a round (plain: plain_steps; speculative: whole rounds, spec_rounds)
+    room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (k > 0, chaining or steps > 1)
+    # plain [R, steps + 1]: tokens, steps - 1; speculative [R, steps * (2k + 2)]: per round its committed tokens
+    # (k + 1), num_accepted (1) and next drafts (k)
+    out: torch.Tensor | None = None
     q_out: torch.Tensor | None = None  # [R, k, V] float32: the next drafts' q (sampled modes, k > 0)
     graph: "torch.cuda.CUDAGraph | None" = None
 
     @property
     def span(self) -> int:
-        """Tokens a round writes to a row's KV at most (k + 1 speculating, its steps plain); the column of the
-        accepted count in ``out`` (plain: the row's tokens - 1)."""
-        return self.inputs.shape[1] - 2 + self.steps
+        """Tokens a replay writes to a row's KV at most: k + 1 a round speculating, one a step plain."""
+        return self.steps * (self.inputs.shape[1] - 1)
 
 
 class RoundBody:
@@ -52,6 +55,8 @@ class RoundBody:
         self._offsets = torch.arange(k + 1, device=device)
 
     def compute(self, g: RoundGraph) -> None:
+        if self.k and g.steps > 1:
+            return self._rounds(g)
         k, s = self.k, g.sampling
         if s is not None:
             s.draw()
@@ -78,6 +83,22 @@ class RoundBody:
                   q, g.sampling.q_in if q is not None else None)
             if g.room is not None:
                 count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
+
+    def _rounds(self, g: RoundGraph) -> None:
+        """A greedy speculative graph's ``steps`` rounds, each chained (and counted down) into the next."""
+        parts = []
+        for rnd in range(g.steps):
+            committed, accepted, aux = self.verify(g, 0)
+            drafts, _ = g.program.draft(committed, accepted, aux, g.attn.kv_lens, None)
+            parts += [committed, accepted[:, None], drafts]
+            if rnd + 1 < g.steps or g.chains:
+                chain(g.inputs, g.attn.kv_lens, committed, accepted, drafts)
+                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, self.k)
+        out = torch.cat(parts, dim=1)
+        if g.out is None:
+            g.out = out
+        else:
+            g.out.copy_(out)
 
     def verify(self, g: RoundGraph, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """The target's forward over every row's t0 and drafts, and acceptance: committed [R, k+1], accepted [R]

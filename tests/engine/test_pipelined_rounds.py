@@ -14,6 +14,7 @@ import pytest
 
 from engine.config import SamplingParams
 from engine.graphs import PAD_SEQ
+from engine.rounds.graph_sampling import Mode
 from tests.conftest import make_decoder
 
 TEXTS = ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.")
@@ -41,6 +42,29 @@ def _step(dec, tokens, aborted) -> bool:
 def _allocators(dec):
     runner = getattr(dec.drafter, "runner", None)  # the n-gram drafter has no KV
     return [dec.target.allocator] + ([runner.allocator] if runner is not None else [])
+
+
+@pytest.mark.parametrize("draft", ["auto", "ngram"])
+@pytest.mark.parametrize("pipeline", [8, 0])
+def test_two_rounds_a_replay_decode_what_the_eager_engine_decodes(smollm, prompts, draft, pipeline):
+    """``spec_rounds`` 2: a greedy speculative graph runs two whole rounds a replay, the second on the first's
+    drafts, with or without the next replay launched ahead. Rows end at different rounds (inside a replay too, and
+    one by EOS): the same tokens and the same round counts as the eager engine, and no KV block left behind."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (13, 22)] + [SamplingParams(max_tokens=40)]
+    want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate(prompts, params)
+    dec = make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, pipeline_max_batch=pipeline,
+                       spec_rounds=2, spec_rounds_min_batch=1)
+    free = [a.free_blocks for a in _allocators(dec)]
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+    assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
+    assert max(o.rounds for o in got) > 1.5 * dec.fused.rounds  # (one graph read every two rounds)
+    if pipeline:
+        assert dec.fused.rounds_ahead >= 1 and dec.fused.dropped == 0
+    dec.fused.expect(())
+    assert [a.free_blocks for a in _allocators(dec)] == free
+    assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
 
 
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
@@ -186,16 +210,18 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
     _nothing_held(dec, graph, free)
 
 
-@pytest.mark.parametrize("draft", ["auto", "ngram"])
-def test_arrivals_join_a_speculative_chain_of_rounds_launched_ahead(smollm, prompts, draft):
+@pytest.mark.parametrize("draft,rounds", [("auto", 1), ("ngram", 1), ("auto", 2), ("ngram", 2)])
+def test_arrivals_join_a_speculative_chain_of_rounds_launched_ahead(smollm, prompts, draft, rounds):
     """On the speculative graph a request arriving does not break the chain either: its prompt runs beside the round
     launched ahead, the drafter makes its first drafts the round after, and the round launched then holds it (it
     joins, verifying those drafts); greedy and seeded sampled (temperature alone, top-k / top-p) arrivals and an
-    abort among them, every request decodes what the eager engine decodes."""
+    abort among them, every request decodes what the eager engine decodes. With ``spec_rounds`` 2 the greedy
+    graphs run two rounds a replay (the sampled ones one): rows move between the two as sampled rows come and go."""
     greedy, order = _arrivals(4)
     want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate([prompts[i] for i, _ in order],
                                                                        [p for _, p in order])
-    dec = _pipelined(smollm, draft, 4)
+    dec = _pipelined(smollm, draft, 4, spec_rounds=rounds, spec_rounds_min_batch=1)
+    assert dec.fused.store.steps_for(1) == rounds and dec.fused.store.steps_for(1, Mode.SAMPLED) == 1
     free = [a.free_blocks for a in _allocators(dec)]
     got = _run_arrivals(dec, dec.fused, prompts, order, greedy, (0, 4, 5, 11, 12), 7)
     assert got == [o.new_token_ids for o in want]

@@ -119,6 +119,23 @@ def test_rounds_launched_ahead_equal_plain_greedy(f32, prompts, draft, k):
     assert off.fused.rounds_ahead == 0
 
 
+@pytest.mark.parametrize("draft", ["auto", "ngram"])
+@pytest.mark.parametrize("pipeline", [64, 0])
+def test_captured_replays_of_two_rounds_equal_plain_greedy(f32, prompts, draft, pipeline):
+    """``spec_rounds`` 2: each captured greedy replay runs two whole rounds, the second on the first's drafts, with
+    the next replay launched ahead or not; rows end at different rounds (max_tokens, EOS), inside a replay too."""
+    params = [SamplingParams(max_tokens=16 + 9 * i, ignore_eos=i % 2 == 0) for i in range(len(prompts))]
+    plain = _decoder(f32, "none", 0, False).generate(prompts, params)
+    dec = make_decoder(f32, draft, k=4, device="cuda", dtype="float32", attention="torch", pipeline_max_batch=pipeline,
+                       spec_rounds=2, spec_rounds_min_batch=1)
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    assert dec.fused.store.num_captured >= 1 and all(g.steps == 2 for g in dec.fused.store.graphs.values())
+    assert max(o.rounds for o in got) > 1.5 * dec.fused.rounds  # (one graph read every two rounds)
+    if pipeline:
+        assert dec.fused.rounds_ahead > dec.fused.rounds // 3
+
+
 def test_captured_prompt_buckets_take_a_round_of_new_prompts_without_a_capture(f32, prompts):
     """SpecDecoder.capture_prefills builds the prefill graph of every whole-prompt length up front; a round of
     several new prompts then runs each through its graph (engine/runner.py) and captures nothing, and greedy
