@@ -22,7 +22,8 @@
 #    the EAGLE head (DRAFTS), at BS (default 16,64).
 # S: several speculative rounds a replay (--spec-rounds): the GPU tests of replays of two rounds and of rounds launched
 #    ahead, then R's tandem bench (ADMISSION, default continuous) for each ROUNDS:GROUP of CONFIGS (default
-#    1:1,2:1,2:8,3:8; --spec-rounds-min-batch 16), plain, the EAGLE head and n-gram (DRAFTS).
+#    1:1,2:1,2:8,3:8; --spec-rounds-min-batch 16), plain, the EAGLE head and n-gram (DRAFTS); BASE=path: that tree
+#    too (carried, from 4fe4763 on), before this one, each config, after a warm-up load.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -90,15 +91,20 @@ case "${PART:-P}" in
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
     done ;;
   S)
-    timeout 240 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py -k "two_rounds or launched_ahead" \
+    timeout 240 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py -k "two_rounds or launched_ahead or beside" \
       > "$OUT/gpu-tests-S.log" 2>&1; tail -3 "$OUT/gpu-tests-S.log"; echo "tests at $SECONDS s"
+    [ -n "${BASE:-}" ] && timeout 100 python3 -m cli.main bench --name warm --dataset humaneval --num-prompts 128 \
+      --batch-sizes 64 --drafts auto --baselines none --temperatures 0 --spec-max-batch 64 --attention torch \
+      --device cuda --out-dir /tmp > /dev/null 2>&1  # the first process of a call reads slow
     for c in $(echo "${CONFIGS:-1:1,2:1,2:8,3:8}" | tr , ' '); do
-      r=${c%%:*}; g=${c##*:}; tag="$name-rounds$r-group$g"
-      timeout 200 python3 -m cli.main bench --name "$tag" --dataset humaneval --num-prompts "${NUM:-512}" \
-        --batch-sizes "${BS:-16,64}" --drafts "${DRAFTS:-none,auto,ngram}" --baselines none --temperatures 0 \
-        --spec-max-batch 64 --admission "${ADMISSION:-continuous}" --spec-rounds "$r" --admit-group "$g" \
-        --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
-      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
+      for tree in ${BASE:-} .; do
+        r=${c%%:*}; g=${c##*:}; tag="$name-rounds$r-group$g$([ "$tree" = . ] || echo -base)"
+        (cd "$tree" && timeout 200 python3 -m cli.main bench --name "$tag" --dataset humaneval \
+          --num-prompts "${NUM:-512}" --batch-sizes "${BS:-16,64}" --drafts "${DRAFTS:-none,auto,ngram}" \
+          --baselines none --temperatures 0 --spec-max-batch 64 --admission "${ADMISSION:-continuous}" \
+          --spec-rounds "$r" --admit-group "$g" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+        grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
+      done
     done ;;
   V)
     timeout 200 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
