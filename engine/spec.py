@@ -25,8 +25,6 @@ import dataclasses
 import time
 from typing import Sequence
 
-import torch
-
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.base import Drafter, DraftRequest
 from engine.request import FinishReason, Request, RequestOutput
@@ -58,9 +56,6 @@ class SpecDecoder:
         self.fast = FastPath(target, drafter, config, self.max_context, local)
         self.eager = EagerRound(target, k=config.k)
         self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast)
-        # where the drafter drafts first drafts while a round launched ahead runs (``_propose_beside``)
-        self._beside = torch.cuda.Stream(target.device) if target.device.type == "cuda" else None
-        self.proposed_beside = 0  # rounds whose drafts were made on it (a counter for tests and stats)
 
     # ------------------------------------------------------------------ the parts, as callers know them
     @property
@@ -174,7 +169,7 @@ class SpecDecoder:
         self.fast.expect(plan)  # a round launched ahead for other rows gives back the KV blocks it held
         for row in plan.off_graph:  # not on the speculative graph this round: its drafter state there is stale
             self.fast.forget(row.request_id)
-        plan = self.scheduler.settle(plan, self._propose_beside(*self.scheduler.wants(plan)))
+        plan = self.scheduler.settle(plan, self.propose(*self.scheduler.wants(plan)))
         # the eager rows (prefills above all) are queued first and read last: the graph's next round, launched
         # ahead below, queues behind them, so reading them does not wait for it (the GPU goes on meanwhile)
         eager = _requests(plan.eager)
@@ -235,25 +230,6 @@ class SpecDecoder:
                 drafts = proposal.token_ids[j][: ks[i]]
                 probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]
                 items[i] = RoundItem(reqs[i].request_id, drafts, probs)
-        return items
-
-    def _propose_beside(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[RoundItem]:
-        """``propose``, on a stream of its own while a round launched ahead runs on the GPU: the drafter's eager work
-        (an arrival's first drafts: the head's catch-up over its prompt) then runs beside that round, and reading
-        its drafts waits for it alone, not for the round, so the host goes on while the GPU does. Safe because a
-        round launched ahead that is still held runs none of these rows (``FastPath.expect`` dropped it otherwise)
-        and everything queued before it was read by the last round; the main stream waits for this one after."""
-        held = any(g.ahead.launch is not None for g in self.fast.graphs)
-        if self._beside is None or not held or not any(ks):
-            return self.propose(reqs, ks)
-        main = torch.cuda.current_stream(self.target.device)
-        with torch.cuda.stream(self._beside):
-            items = self.propose(reqs, ks)
-        main.wait_stream(self._beside)
-        for it in items:  # a sampled row's q, made there, is read on the main stream: its memory stays till then
-            if it.probs is not None:
-                it.probs.record_stream(main)
-        self.proposed_beside += 1
         return items
 
     def run_round(self, items: Sequence[RoundItem], feature_layers: Sequence[int] | None = None

@@ -91,7 +91,7 @@ case "${PART:-P}" in
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
     done ;;
   S)
-    timeout 240 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py -k "two_rounds or launched_ahead or beside" \
+    timeout 240 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py -k "two_rounds or launched_ahead" \
       > "$OUT/gpu-tests-S.log" 2>&1; tail -3 "$OUT/gpu-tests-S.log"; echo "tests at $SECONDS s"
     [ -n "${BASE:-}" ] && timeout 100 python3 -m cli.main bench --name warm --dataset humaneval --num-prompts 128 \
       --batch-sizes 64 --drafts auto --baselines none --temperatures 0 --spec-max-batch 64 --attention torch \

@@ -136,29 +136,6 @@ def test_captured_replays_of_two_rounds_equal_plain_greedy(f32, prompts, draft, 
         assert dec.fused.rounds_ahead > dec.fused.rounds // 3
 
 
-@pytest.mark.parametrize("rounds", [1, 2])
-def test_first_drafts_made_beside_a_round_launched_ahead_decode_the_same(f32, prompts, rounds):
-    """Requests arriving one by one while rounds run launched ahead get their first drafts (the head's catch-up over
-    the prompt) on a stream of their own, beside the round in flight (``SpecDecoder._propose_beside``), then join
-    the chain: greedy and seeded sampled output equal the eager engine's (with one and two rounds a replay)."""
-    greedy = SamplingParams(max_tokens=40, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=36, ignore_eos=True, temperature=0.8, seed=3)
-    params = [sampled if i == 1 else greedy for i in range(len(prompts))]
-    want = _decoder(f32, "auto", 4, False).generate(prompts, params)
-    dec = make_decoder(f32, "auto", k=4, device="cuda", dtype="float32", attention="torch", spec_rounds=rounds,
-                       spec_rounds_min_batch=1)
-    ids, tokens = [], {}
-    for step in range(1000):
-        if step % 3 == 0 and len(ids) < len(prompts):
-            ids.append(dec.add_request(prompts[len(ids)], params[len(ids)]))
-        for o in dec.step():
-            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-        if len(ids) == len(prompts) and not dec.has_unfinished():
-            break
-    assert [tokens[i] for i in ids] == [o.new_token_ids for o in want]
-    assert dec.proposed_beside >= 3 and dec.fused.joined >= 3
-
-
 def test_captured_prompt_buckets_take_a_round_of_new_prompts_without_a_capture(f32, prompts):
     """SpecDecoder.capture_prefills builds the prefill graph of every whole-prompt length up front; a round of
     several new prompts then runs each through its graph (engine/runner.py) and captures nothing, and greedy
