@@ -97,6 +97,9 @@
 # AM: the co-located stack against the split one (SERVERS) where both decode plainly: CONC (default 8), TEMPS (default
 #    0.7), NUM (default 1,024) prompts, 2 gateways, 4 client processes; the verifier's engine process sampled by py-spy
 #    mid-load (Python stacks with idle frames, then native ones; carry [".carry/env", ".whl"]).
+# AV: engine settings A/B served: the co-located stack with the defaults (A) and with ENV_B set (B, e.g.
+#    "TANDEM_SPEC_MAX_BATCH=64 TANDEM_SPEC_ROUNDS=2 TANDEM_ADMIT_GROUP=8"), CONC (default 16,64), greedy, NUM (default
+#    384) prompts, after a warm-up load, A B B A.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 mid_run() {  # log: wait until a c 64 measurement has run 3 s
@@ -524,5 +527,14 @@ PY
       done
     done
     rm -f "$OUT"/*.md ;;  # the json rows say it all (at most 8 files come back)
+  AV)
+    sv() {  # tag [env]
+      timeout 200 env ${2:-} python3 -m cli.main bench-serve --name "$1" --servers tandem-colocated \
+        --concurrency ${CONC:-16,64} --temperatures ${TEMPS:-0} --num-prompts ${NUM:-384} --max-tokens 128 \
+        --client-processes 4 --attention torch --device cuda --out-dir "$OUT" > "$OUT/$1.log" 2>&1
+      grep -E '^\{' "$OUT/$1.log" | cut -c1-200; echo "$1 done at $SECONDS s"; }
+    NUM=64 sv warmup; rm -f "$OUT"/warmup.*
+    sv "$name-servedA1"; sv "$name-servedB1" "$ENV_B"; sv "$name-servedB2" "$ENV_B"; sv "$name-servedA2"
+    rm -f "$OUT"/*.md ;;
 esac
 cd "$OUT" && rm -f ./*.png && tar czf "logs-${PART:-A}.tgz" ./*.log 2>/dev/null && rm -f ./*.log; ls "$OUT"
