@@ -152,8 +152,9 @@ class EngineConfig:
     plain_steps: int | None = None
     plain_steps_min_batch: int = 16
     # a greedy speculative graph of spec_rounds_min_batch rows or more runs this many whole rounds a replay, each on
-    # the drafts the one before made (the host's work then comes once per spec_rounds rounds); 1: one
-    spec_rounds: int = 1
+    # the drafts the one before made (the host's work then comes once per spec_rounds rounds); None: 2 where rounds
+    # are captured (cuda), 1 where they run eagerly
+    spec_rounds: int | None = None
     spec_rounds_min_batch: int = 16
     # while at least admit_group_min_batch requests run, queued requests are admitted admit_group at a time, or once
     # the queue's head has been held admit_group - 1 rounds: one prefill round (and one round of first drafts) then
@@ -184,7 +185,8 @@ class EngineConfig:
                  f"must be >= 1 or None, got {self.plain_steps}")
         _require(self.plain_steps_min_batch >= 1, "plain_steps_min_batch",
                  f"must be >= 1, got {self.plain_steps_min_batch}")
-        _require(self.spec_rounds >= 1, "spec_rounds", f"must be >= 1, got {self.spec_rounds}")
+        _require(self.spec_rounds is None or self.spec_rounds >= 1, "spec_rounds",
+                 f"must be >= 1 or None, got {self.spec_rounds}")
         _require(self.spec_rounds_min_batch >= 1, "spec_rounds_min_batch",
                  f"must be >= 1, got {self.spec_rounds_min_batch}")
         _require(self.admit_group >= 1, "admit_group", f"must be >= 1, got {self.admit_group}")
@@ -222,6 +224,13 @@ class EngineConfig:
         if self.plain_steps is not None:
             return self.plain_steps
         return 4 if self.use_fused_rounds and self.device.startswith("cuda") else 1
+
+    @property
+    def spec_round_count(self) -> int:
+        """Whole rounds a greedy speculative graph of ``spec_rounds_min_batch`` rows or more runs a replay."""
+        if self.spec_rounds is not None:
+            return self.spec_rounds
+        return 2 if self.use_fused_rounds and self.device.startswith("cuda") else 1
 
     @property
     def attention_backend(self) -> str:

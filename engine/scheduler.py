@@ -64,7 +64,7 @@ class Scheduler:
         # (engine/rounds/fused.py: a span is k + 1 entries a speculative round, spec_rounds of them a replay)
         cfg = self.config
         worst = (min(len(r.prompt_ids) + r.params.max_tokens, self.max_context)
-                 + 2 * max(cfg.spec_rounds * (cfg.max_k + 1), cfg.plain_round_steps))
+                 + 2 * max(cfg.spec_round_count * (cfg.max_k + 1), cfg.plain_round_steps))
         return self.target.allocator.blocks_for(worst)
 
     def create(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None,

@@ -130,10 +130,11 @@ class EngineSettings(DraftLengthSettings):
     plain_steps_min_batch: int = Field(16, ge=1, description="plain rounds of at least N requests take "
                                        "--plain-steps forwards; smaller ones one (their GPU work is what they wait "
                                        "for, and an arriving request would wait for the longer round)")
-    spec_rounds: int = Field(1, ge=1, description="a greedy speculative round graph of --spec-rounds-min-batch "
-                             "requests or more runs N whole rounds a replay, each verifying the drafts the one "
-                             "before made: the host's work (reading, committing, launching) comes once per N rounds "
-                             "(1: one round a replay)")
+    spec_rounds: OptionalInt = Field(None, ge=1, description="a greedy speculative round graph of "
+                                     "--spec-rounds-min-batch requests or more runs N whole rounds a replay, each "
+                                     "verifying the drafts the one before made: the host's work (reading, "
+                                     "committing, launching) comes once per N rounds, and tokens stream about 2N "
+                                     "at a time (none: 2 where rounds are captured CUDA graphs, else 1)")
     spec_rounds_min_batch: int = Field(16, ge=1, description="--spec-rounds applies to round graphs of at least N "
                                        "requests (smaller ones wait on the GPU, not the host)")
     admit_group: int = Field(1, ge=1, description="while --admit-group-min-batch requests or more run, queued "

@@ -56,7 +56,7 @@ class FastPath:
         def graph(k: int, d: "Drafter | None") -> FusedRounds:
             return FusedRounds(target, d, k, config.max_batch_size, max_context,
                                capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows,
-                               steps=config.spec_rounds if k else config.plain_round_steps,
+                               steps=config.spec_round_count if k else config.plain_round_steps,
                                steps_from=config.spec_rounds_min_batch if k else config.plain_steps_min_batch)
 
         outside = drafter is not None and config.k and not drafter.graph_rounds
