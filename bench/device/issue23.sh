@@ -24,6 +24,8 @@
 #    ahead, then R's tandem bench (ADMISSION, default continuous) for each ROUNDS:GROUP of CONFIGS (default
 #    1:1,2:1,2:8,3:8; --spec-rounds-min-batch 16), plain, the EAGLE head and n-gram (DRAFTS); BASE=path: that tree
 #    too (carried, from 4fe4763 on), before this one, each config, after a warm-up load.
+# W: waves at every size (--spec-max-batch 64), HumanEval 64 prompts, greedy, BS (default 16,64), plain, the EAGLE head
+#    and n-gram: --spec-rounds 1, then this tree's default.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -105,6 +107,14 @@ case "${PART:-P}" in
           --spec-rounds "$r" --admit-group "$g" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
         grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
       done
+    done ;;
+  W)
+    for r in 1 default; do
+      tag="$name-waves-rounds$r"
+      timeout 100 python3 -m cli.main bench --name "$tag" --dataset humaneval --num-prompts 64 --batch-sizes "${BS:-16,64}" \
+        --drafts none,auto,ngram --baselines none --temperatures 0 --spec-max-batch 64 \
+        $([ $r = default ] || echo --spec-rounds $r) --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
     done ;;
   V)
     timeout 200 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py \
