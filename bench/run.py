@@ -172,7 +172,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "fused_rounds": decoder.fused is not None, "spec_max_batch": cfg.spec_max_batch,
             "chosen_k": _chosen_k(decoder, cfg.k, case.batch_size, case.temperature == 0),
             "policy": _policy(decoder, case.batch_size),
-            "pipeline_max_batch": cfg.pipeline_rows, "admit_group": cfg.admit_group, "spec_rounds": cfg.spec_round_count,
+            "pipeline_max_batch": cfg.pipeline_rows, "admit_group": cfg.admit_group,
+            "spec_rounds": cfg.spec_round_count,
             # fused rounds read after being launched ahead, launched ahead but dropped unread (wasted), and launched
             # ahead without rows that had finished (compacted); rows that joined a chain of rounds launched ahead
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),

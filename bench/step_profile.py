@@ -10,7 +10,8 @@ verify, accept and the drafter's next drafts in one graph; ``--temperature`` > 0
 sampling and sampled drafts): requests of ``--context`` prompt tokens
 decode until every one is on the fast path, then ``round_ms`` is ``SpecDecoder.step`` (all host
 work), ``run_ms`` the fused round's own ``run`` (inputs in, replay, the one read-back, rollback) and
-``replay_ms`` the graph alone.
+``replay_ms`` the graph alone; at 16 rows or more on cuda a greedy step holds ``--spec-rounds`` rounds (the
+engine's default 2: ``spec_rounds`` in the report), so ``round_ms`` is then that many rounds' time.
 With ``--prefill LENS`` it times a new request's first round (its prefill, what sets time to first
 token): ``prefill_ms`` is ``SpecDecoder.step`` for one new request of each prompt length (plain decoding,
 the bench's engine config), with its kernels and the Python functions the host spends it in (cProfile);
@@ -95,13 +96,13 @@ def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: t
 
 
 def profile_round(model, draft: str, k: int, batch: int, context: int, iters: int, top: int,
-                  temperature: float = 0.0) -> dict:
+                  temperature: float = 0.0, spec_rounds: int | None = None) -> dict:
     from engine.config import SamplingParams
     from engine.drafters import DraftSpec, build_drafter
     from engine.spec import SpecDecoder
 
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=batch, max_k=max(k, 1),
-                       k=k, kv_cache_tokens=batch * (context + 8 * iters + 512) + 4096)
+                       k=k, kv_cache_tokens=batch * (context + 8 * iters + 512) + 4096, spec_rounds=spec_rounds)
     dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg,
                       build_drafter(DraftSpec.parse(draft), model, cfg))
     if dec.fused is None:
@@ -134,6 +135,7 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     host_rows = _host_ops(dec.step, 3, top)
     host_fns = _host_fns(dec.step, 20, top)
     return {"round": draft, "k": k, "batch": batch, "context": context, "temperature": temperature,
+            "spec_rounds": dec.fused.store.steps_for(batch) if k else 0,
             "fused_rounds_timed": len(run_s),
             "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
             "replay_ms": round(replay_ms, 4), "kernels": count, "kernel_ms": round(kernel_ms, 4),
@@ -223,6 +225,8 @@ def main() -> None:
     p.add_argument("--round", metavar="DRAFT", help="profile fused rounds with this drafter (none: plain decode)")
     p.add_argument("--k", type=int, default=4, help="--round: draft length")
     p.add_argument("--temperature", type=float, default=0.0, help="--round: the requests' temperature (0: greedy)")
+    p.add_argument("--spec-rounds", type=int, help="--round: whole rounds a greedy speculative replay of 16 rows or "
+                   "more runs (default: the engine's, 2 on cuda); a step then holds that many rounds")
     p.add_argument("--prefill", metavar="LENS", help="comma-separated prompt lengths: time a new request's first round")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
     p.add_argument("--eager-prefill", action="store_true",
@@ -252,7 +256,7 @@ def main() -> None:
         top_shown = max(6, args.top)
         for b in (int(x) for x in args.batch.split(",")):
             row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
-                                args.top, args.temperature)
+                                args.top, args.temperature, args.spec_rounds)
             rows.append(row)
             print(f"round {args.round} k={row['k']} T={args.temperature} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
                   f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
