@@ -10,7 +10,7 @@ from cli.settings_args import add_settings_args, settings_from
 from rpc.settings import EngineSettings, ServiceEngineSettings, load
 
 OPTIONAL = ["metrics_port", "kv_cache_tokens", "max_round_tokens", "spec_max_batch", "pipeline_max_batch",
-            "plain_steps"]
+            "plain_steps", "spec_rounds"]
 
 
 @pytest.mark.parametrize("word", ["none", "None", "NONE", ""])
@@ -29,6 +29,25 @@ def test_a_flag_overrides_the_environment_either_way(monkeypatch):
     monkeypatch.setenv("TANDEM_SPEC_MAX_BATCH", "none")
     assert settings_from(p.parse_args(["--spec-max-batch", "2"]), EngineSettings).spec_max_batch == 2
     assert load(EngineSettings).engine_config().spec_max_batch is None
+
+
+def test_rounds_a_replay_and_arrivals_gathered_default_by_device(monkeypatch):
+    """--spec-rounds none: two greedy rounds a replay where rounds are captured (cuda), one where they run eagerly;
+    --admit-group 1 (each arrival as it comes); the flags and the environment set them, and bad values name them."""
+    from engine.config import EngineConfig
+
+    assert EngineConfig(device="cuda").spec_round_count == 2 and EngineConfig().spec_round_count == 1
+    assert EngineConfig(device="cuda", fused_rounds=False).spec_round_count == 1
+    assert EngineConfig(device="cuda", spec_rounds=3).spec_round_count == 3
+    p = argparse.ArgumentParser()
+    add_settings_args(p, EngineSettings, "engine")
+    cfg = settings_from(p.parse_args(["--spec-rounds", "1", "--admit-group", "8"]), EngineSettings).engine_config()
+    assert (cfg.spec_rounds, cfg.admit_group, cfg.admit_group_min_batch, cfg.spec_rounds_min_batch) == (1, 8, 16, 16)
+    monkeypatch.setenv("TANDEM_ADMIT_GROUP", "0")
+    with pytest.raises(ValueError, match=r"^admit_group: .*greater than or equal to 1"):
+        load(EngineSettings)
+    with pytest.raises(ValueError, match=r"^spec_rounds: must be >= 1"):
+        EngineConfig(spec_rounds=0)
 
 
 @pytest.mark.parametrize("value, message", [("lots", "valid integer"), ("-1", "greater than or equal to 0")])
