@@ -34,6 +34,7 @@ class RequestOutput:
     drafted: int       # draft tokens proposed over all rounds
     round_accepted: int = 0  # of this step's round
     round_drafted: int = 0
+    round_count: int = 1  # rounds this step's tokens took (a replay of several rounds: --spec-rounds)
     # split mode: the target's features of the positions this step verified, for a feature-fed
     # drafter in another process ([n, F], positions features_start .. features_start + n - 1)
     features: torch.Tensor | None = None
@@ -132,8 +133,8 @@ class Request:
                 return i + 1, FinishReason.LENGTH
         return len(tokens), None
 
-    def output(self, new_tokens: list[int], delta: str, round_accepted: int = 0, round_drafted: int = 0
-               ) -> RequestOutput:
+    def output(self, new_tokens: list[int], delta: str, round_accepted: int = 0, round_drafted: int = 0,
+               round_count: int = 1) -> RequestOutput:
         return RequestOutput(self.request_id, new_tokens, delta, self.finished, self.finish_reason,
                              len(self.prompt_ids), self.num_output, self.rounds, self.accepted, self.drafted,
-                             round_accepted, round_drafted)
+                             round_accepted, round_drafted, round_count)

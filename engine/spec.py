@@ -265,7 +265,7 @@ class SpecDecoder:
             r.rounds += rounds
             r.accepted += accepted
             r.drafted += drafted
-            outputs.append(r.output(kept, delta, accepted, drafted))
+            outputs.append(r.output(kept, delta, accepted, drafted, rounds))
             if r.finished:
                 self._finish(r)
         return outputs

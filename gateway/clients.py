@@ -30,6 +30,7 @@ class Verdict:
     error_code: grpc.StatusCode | None = None
     features: torch.Tensor | None = None  # [n, F] target features of positions features_start .. (split + EAGLE)
     features_start: int = 0
+    rounds: int = 1  # rounds it took (a co-located Step's replay may run several: --spec-rounds)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def _verdicts(resp: verifier_pb2.VerifyResponse) -> list[Verdict]:
         feats = tensors.to_torch(v.features, "features", ndim=2) if v.HasField("features") else None
         out.append(Verdict(v.request_id, tensors.token_ids(v.committed, "committed") if not v.error else [],
                            v.text, v.accepted, v.drafted, convert.finish_from_pb(v.finish_reason), v.error, code,
-                           feats, v.features_start))
+                           feats, v.features_start, v.rounds or 1))
     return out
 
 

@@ -168,10 +168,12 @@ class Scheduler:
         with tracer.start_as_current_span("spec.round") as span:
             report = await self.driver.round(reqs)
             accepted = [v.accepted for v in report.verdicts]
-            committed = [len(v.committed) for v in report.verdicts if not v.error]
+            # tokens a round: a co-located Step's replay may run several rounds (--spec-rounds)
+            committed = [len(v.committed) / v.rounds for v in report.verdicts if not v.error]
+            held = max((v.rounds for v in report.verdicts), default=1)
             tau = sum(committed) / len(committed) if committed else 0.0
             span.set_attributes({
-                "spec.mode": self.driver.mode, "spec.batch_size": len(reqs),
+                "spec.mode": self.driver.mode, "spec.batch_size": len(reqs), "spec.rounds": held,
                 "spec.request_ids": [r.request_id for r in reqs], "spec.k": report.ks,
                 "spec.drafted": report.drafted,
                 "spec.accepted": accepted, "spec.acceptance_length": tau,
@@ -182,7 +184,7 @@ class Scheduler:
         for r in reqs:
             if r.span is not None:
                 r.span.add_link(link)
-        self.m.rounds.inc()
+        self.m.rounds.inc(held)
         self.m.draft_tokens.inc(sum(report.drafted))
         self.m.accepted_tokens.inc(sum(accepted))
         self.m.round_seconds.observe(self.m.now() - t0)

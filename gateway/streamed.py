@@ -226,6 +226,8 @@ class StreamedScheduler:
         drafted = tensors.to_numpy(rr.drafted, "drafted").tolist()
         finish = tensors.to_numpy(rr.finish, "finish").tolist()
         offsets = tensors.to_numpy(rr.text_offsets, "text_offsets").tolist()
+        # rounds each row took: one replay may run several (--spec-rounds); a verifier that does not say: one each
+        rounds = tensors.to_numpy(rr.rounds, "rounds").tolist() if rr.HasField("rounds") else [1] * len(slots)
         text = rr.text
         reqs, rows, done, at = [], [], [], 0
         for i, slot in enumerate(slots):
@@ -242,31 +244,35 @@ class StreamedScheduler:
             if reason is not None:
                 del link.slots[slot]
                 done.append(r)
-        self._observe(rr, reqs, rows, counts, accepted, drafted)
+        self._observe(rr, reqs, rows, counts, accepted, drafted, rounds)
         for r in done:  # after the round's span: a request's last round is linked from its span too
             self._end(r)
 
     def _observe(self, rr: verifier_pb2.RoundReport, reqs: list[GatewayRequest], rows: list[int], counts: list[int],
-                 accepted: list[int], drafted: list[int]) -> None:
+                 accepted: list[int], drafted: list[int], rounds: list[int]) -> None:
         """The round's metrics (every row it ran) and its span (the rows still wanted: ``reqs``, at ``rows`` of the
-        report), from the verifier's timings: no round waits on the gateway."""
+        report), from the verifier's timings: no round waits on the gateway. A report of one replay of several
+        rounds (``rounds``, --spec-rounds) counts them all, its acceptance lengths per round; its one span, timed
+        by the replay (the rounds of one graph have no timings of their own), says how many it holds."""
         seconds = rr.duration_ns / 1e9
-        self.m.rounds.inc()
+        held = max(rounds, default=1)
+        self.m.rounds.inc(held)
         self.m.draft_tokens.inc(sum(drafted))
         self.m.accepted_tokens.inc(sum(accepted))
-        self.m.round_seconds.observe(seconds)
-        self.m.round_phase.labels("verify").observe(seconds)
+        for _ in range(held):  # (a replay's rounds share its time)
+            self.m.round_seconds.observe(seconds / held)
+            self.m.round_phase.labels("verify").observe(seconds / held)
         self.m.batch_size.set(len(counts))
-        for n in counts:
+        for n, m in zip(counts, rounds):
             if n:
-                self.m.acceptance_length.observe(n)
+                self.m.acceptance_length.observe(n / max(m, 1))
         # a root: each round is a trace of its own (sampled alone), linked from its requests' spans
         span = tracer.start_span("spec.round", context=otel_context.Context(), start_time=rr.start_unix_nano)
         if span.is_recording():
-            committed = [counts[i] for i in rows if counts[i]]
+            committed = [counts[i] / max(rounds[i], 1) for i in rows if counts[i]]
             ks = tensors.to_numpy(rr.k, "k").tolist()
             span.set_attributes({
-                "spec.mode": self.mode, "spec.batch_size": len(rows),
+                "spec.mode": self.mode, "spec.batch_size": len(rows), "spec.rounds": held,
                 "spec.request_ids": [r.request_id for r in reqs], "spec.k": [ks[i] for i in rows],
                 "spec.drafted": [drafted[i] for i in rows], "spec.accepted": [accepted[i] for i in rows],
                 "spec.acceptance_length": sum(committed) / len(committed) if committed else 0.0,

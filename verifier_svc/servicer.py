@@ -27,6 +27,7 @@ def verdict(request_id: str, result: Result) -> verifier_pb2.Verdict:
                                     error_code=code_for(result).value[0])
     o: RequestOutput = result
     v = verifier_pb2.Verdict(request_id=request_id, accepted=o.round_accepted, drafted=o.round_drafted,
+                             rounds=o.round_count,
                              committed=tensors.encode(o.new_token_ids, "int32"), text=o.text_delta,
                              finish_reason=convert.finish_to_pb(o.finish_reason))
     if o.features is not None:
@@ -40,7 +41,8 @@ def round_report(o: Outcome) -> verifier_pb2.RoundReport:
         slots=tensors.encode(o.slots), counts=tensors.encode(o.counts), tokens=tensors.encode(o.tokens),
         accepted=tensors.encode(o.accepted), drafted=tensors.encode(o.drafted), k=tensors.encode(o.k),
         finish=tensors.encode([convert.finish_to_pb(f) for f in o.finish], "int32"), text=o.text,
-        text_offsets=tensors.encode(o.text_offsets), start_unix_nano=o.start_unix_nano, duration_ns=o.duration_ns)
+        text_offsets=tensors.encode(o.text_offsets), start_unix_nano=o.start_unix_nano, duration_ns=o.duration_ns,
+        rounds=tensors.encode(o.rounds if o.rounds is not None else [1] * len(o.slots), "int32"))
 
 
 def _update(items: list) -> verifier_pb2.ServeUpdate:

@@ -57,12 +57,14 @@ class Outcome:
     text_offsets: np.ndarray  # int32 [n + 1]
     start_unix_nano: int
     duration_ns: int
+    rounds: np.ndarray | None = None  # int32 [n]: rounds each row took (None: one each)
 
     def __reduce__(self):
         """Across the pipe to the serving process (verifier_svc/core.py) its integer columns travel as one buffer:
         pickling each numpy array on its own was most of a round's hand-out (py-spy of a served sampled round on an
         H100: bench/RESULTS.md, issue 21)."""
-        n, columns = len(self.slots), (self.slots, self.counts, self.accepted, self.drafted, self.k,
+        rounds = self.rounds if self.rounds is not None else np.ones(len(self.slots), np.int32)
+        n, columns = len(self.slots), (self.slots, self.counts, self.accepted, self.drafted, self.k, rounds,
                                        self.text_offsets, self.tokens)
         packed = np.concatenate(columns, dtype=np.int32).tobytes()
         return _unpack_outcome, (n, packed, self.finish, self.text, self.start_unix_nano, self.duration_ns)
@@ -70,9 +72,9 @@ class Outcome:
 
 def _unpack_outcome(n: int, packed: bytes, finish: tuple, text: bytes, start: int, duration: int) -> Outcome:
     a = np.frombuffer(packed, dtype=np.int32)
-    slots, counts, accepted, drafted, k = (a[i * n: (i + 1) * n] for i in range(5))
-    return Outcome(slots, counts, a[6 * n + 1:], accepted, drafted, k, finish, text, a[5 * n: 6 * n + 1], start,
-                   duration)
+    slots, counts, accepted, drafted, k, rounds = (a[i * n: (i + 1) * n] for i in range(6))
+    return Outcome(slots, counts, a[7 * n + 1:], accepted, drafted, k, finish, text, a[6 * n: 7 * n + 1], start,
+                   duration, rounds)
 
 
 @dataclass(eq=False)
@@ -100,7 +102,8 @@ def _columns(rows: Sequence[tuple[int, RequestOutput, int]], start: int, duratio
                    np.fromiter((o.round_drafted for _, o, _ in rows), np.int32, n),
                    np.fromiter((k for _, _, k in rows), np.int32, n),
                    tuple(o.finish_reason for _, o, _ in rows),
-                   b"".join(texts), offsets, start, duration)
+                   b"".join(texts), offsets, start, duration,
+                   np.fromiter((o.round_count for _, o, _ in rows), np.int32, n))
 
 
 class Lifetimes:

@@ -67,6 +67,21 @@ def test_two_rounds_a_replay_decode_what_the_eager_engine_decodes(smollm, prompt
     assert all(set(a._seqs) <= {PAD_SEQ} for a in _allocators(dec))
 
 
+def test_each_output_says_how_many_rounds_its_replay_ran(smollm, prompts):
+    """A step's output of a replay of two rounds says so (``round_count``: what the verifier reports for the
+    gateway's round metrics and spans); a request's outputs add up to its rounds."""
+    dec = make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True, pipeline_max_batch=8, spec_rounds=2,
+                       spec_rounds_min_batch=1)
+    ids = [dec.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, (15, 24))]
+    counts, last = {rid: [] for rid in ids}, {}
+    while dec.has_unfinished():
+        for o in dec.step():
+            counts[o.request_id].append(o.round_count)
+            last[o.request_id] = o
+    assert all(2 in c for c in counts.values()) and all(set(c) <= {1, 2} for c in counts.values())
+    assert [sum(counts[rid]) for rid in ids] == [last[rid].rounds for rid in ids]
+
+
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
 def test_rounds_launched_ahead_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
     # rows leave at different rounds: near its end a row stops taking rounds ahead

@@ -64,7 +64,7 @@ class StepRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[StepItem, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("request_id", "error", "error_code", "accepted", "drafted", "committed", "text", "finish_reason", "features", "features_start")
+    __slots__ = ("request_id", "error", "error_code", "accepted", "drafted", "committed", "text", "finish_reason", "features", "features_start", "rounds")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class Verdict(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     FEATURES_START_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     error: str
     error_code: int
@@ -85,7 +86,8 @@ class Verdict(_message.Message):
     finish_reason: _common_pb2.FinishReason
     features: _common_pb2.Tensor
     features_start: int
-    def __init__(self, request_id: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., accepted: _Optional[int] = ..., drafted: _Optional[int] = ..., committed: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., features: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., features_start: _Optional[int] = ...) -> None: ...
+    rounds: int
+    def __init__(self, request_id: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., accepted: _Optional[int] = ..., drafted: _Optional[int] = ..., committed: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., features: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., features_start: _Optional[int] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("verdicts",)
@@ -122,7 +124,7 @@ class ServeUpdate(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[RoundReport, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SlotError, _Mapping]]] = ...) -> None: ...
 
 class RoundReport(_message.Message):
-    __slots__ = ("slots", "counts", "tokens", "accepted", "drafted", "k", "finish", "text", "text_offsets", "start_unix_nano", "duration_ns")
+    __slots__ = ("slots", "counts", "tokens", "accepted", "drafted", "k", "finish", "text", "text_offsets", "start_unix_nano", "duration_ns", "rounds")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +136,7 @@ class RoundReport(_message.Message):
     TEXT_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     DURATION_NS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     slots: _common_pb2.Tensor
     counts: _common_pb2.Tensor
     tokens: _common_pb2.Tensor
@@ -145,7 +148,8 @@ class RoundReport(_message.Message):
     text_offsets: _common_pb2.Tensor
     start_unix_nano: int
     duration_ns: int
-    def __init__(self, slots: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., counts: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., tokens: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., accepted: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., drafted: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., k: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., finish: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[bytes] = ..., text_offsets: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., start_unix_nano: _Optional[int] = ..., duration_ns: _Optional[int] = ...) -> None: ...
+    rounds: _common_pb2.Tensor
+    def __init__(self, slots: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., counts: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., tokens: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., accepted: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., drafted: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., k: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., finish: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., text: _Optional[bytes] = ..., text_offsets: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., start_unix_nano: _Optional[int] = ..., duration_ns: _Optional[int] = ..., rounds: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class SlotError(_message.Message):
     __slots__ = ("slot", "code", "message")
