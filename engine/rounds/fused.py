@@ -34,7 +34,6 @@ read (engine/rounds/ahead.py).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -168,13 +167,11 @@ class FusedRounds:
         alloc = self.target.allocator
         results, nexts = [], []
         for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
-            res, nd = self._result(g, r, row)
+            res, nd = self._result(g, r, row, q_out[i] if q_out is not None and not r.params.greedy else None)
             n = len(res.committed)
             alloc.truncate(r.request_id, length + n, keep_blocks=chained)
             if g.program is not None:
                 g.program.commit(r.request_id, length + n + 1, keep_blocks=chained)  # tokens committed
-            if q_out is not None and not r.params.greedy:
-                res = dataclasses.replace(res, next_q=q_out[i])
             results.append(res)
             nexts.append(nd)
         if chained:  # the L each row will have once this round's tokens are committed, the drafts it verifies
@@ -183,24 +180,28 @@ class FusedRounds:
                              + entering_lengths, tuple(nexts) + tuple(r.num_draft for r in entering))
         return results
 
-    def _result(self, g: RoundGraph, r: FusedRow, row: list[int]) -> tuple[RowResult, int]:
-        """A row's output (``g.out``'s row) as its result, and the drafts it verifies next round (as
-        engine/rounds/chained.py's ``count_down`` has it)."""
+    def _result(self, g: RoundGraph, r: FusedRow, row: list[int], q: torch.Tensor | None
+                ) -> tuple[RowResult, int]:
+        """A row's output (``g.out``'s row; ``q``: its next drafts' q, sampled rows) as its result, and the drafts
+        it verifies next round (as engine/rounds/chained.py's ``count_down`` has it)."""
         k = self.k
         if not k:  # plain: its steps' tokens, then their number - 1
             a = row[g.span]
             return RowResult(row[: a + 1], 0, 0), 0
         committed, rounds, nd, room, drafts = [], [], r.num_draft, r.room, r.drafts
+        accepted = drafted = 0
         for j in range(g.steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
             if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
                 break
             block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
             a = block[k + 1]
+            d = min(nd, _real(drafts)) if self.one_hot else nd
             committed += block[: a + 1]
-            rounds.append((a + 1, a, min(nd, _real(drafts)) if self.one_hot else nd))
+            accepted, drafted = accepted + a, drafted + d
+            if g.steps > 1:  # (one round: the sums say it all)
+                rounds.append((a + 1, a, d))
             nd, room, drafts = next_num_draft(nd, room, a), room - a - 1, block[k + 2:]
-        accepted, drafted = sum(a for _, a, _ in rounds), sum(d for _, _, d in rounds)
-        return RowResult(committed, accepted, drafted, drafts, None, tuple(rounds) if g.steps > 1 else ()), nd
+        return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
                  ) -> tuple["RoundGraph", list[int], list[int]] | None:
