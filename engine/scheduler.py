@@ -44,9 +44,11 @@ class CapacityError(RuntimeError):
 
 class Scheduler:
     def __init__(self, target: "ModelRunner", tokenizer: "Tokenizer", config: EngineConfig, max_context: int,
-                 fast: FastPath) -> None:
+                 fast: FastPath, primes: bool = False) -> None:
+        """``primes``: the embedded drafter primes (``Drafter.primes``): a request's first round after its prefill
+        verifies no drafts on every path (on a graph it enters primed; an eager round takes none: the rounds agree)."""
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
-        self.fast = fast
+        self.fast, self.primes = fast, primes
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
@@ -239,6 +241,8 @@ class Scheduler:
         if chunk is not None or self.unseen(r) != 1:
             return eager(Reason.PREFILL)
         if not self.config.use_fused_rounds:
+            if self.primes and r.rounds == 1:  # its first round after the prefill (as a graph's entering row)
+                return RoutedRow(r, Path.EAGER, Reason.FUSED_OFF, 0, 0, chunk)
             return eager(Reason.FUSED_OFF)
         committed = len(r.token_ids)
         if r.request_id in self.demoted:
@@ -251,28 +255,46 @@ class Scheduler:
         if not fused.fits(committed):
             return eager(Reason.CONTEXT_FULL)
         num_draft = min(k, fused.k)  # the graph verifies the first k of its drafts; a k above its own is capped
-        if fused.k == 0 or r.request_id in fast.next_drafts:
+        if fused.k == 0:
             return RoutedRow(r, Path.FUSED, Reason.ON_GRAPH, k, num_draft)
+        nxt = fast.next_drafts.get(r.request_id)
+        if nxt is not None:  # (it entered without drafts and that round has not run: it verifies none, as it would)
+            return RoutedRow(r, Path.FUSED, Reason.ON_GRAPH, k, num_draft if nxt.drafts else 0)
         return RoutedRow(r, Path.ENTERING, Reason.FIRST_DRAFTS, k, num_draft)
 
     def wants(self, plan: RoundPlan) -> tuple[list[Request], list[int]]:
         """The drafts the drafter makes this round: an eager row's k; an entering row's the graph's k (or its
-        own, when larger: it takes those if it runs eagerly after all)."""
-        graph_k = self.fast.fused.k if self.fast.fused is not None else 0
+        own, when larger: it takes those if it runs eagerly after all), none where the graph's drafter is primed
+        for it instead (``primed``)."""
+        fused = self.fast.fused
+        graph_k = fused.k if fused is not None else 0
+        primes = fused is not None and fused.drafter is not None and fused.drafter.primes
         return ([row.request for row in plan.off_graph],
-                [row.k if row.path is Path.EAGER else max(row.k, graph_k) for row in plan.off_graph])
+                [row.k if row.path is Path.EAGER else 0 if primes else max(row.k, graph_k)
+                 for row in plan.off_graph])
+
+    def primed(self, plan: RoundPlan) -> list[Request]:
+        """The entering rows whose graph drafter makes their first drafts in the round itself: it is caught up on
+        their committed tokens now (``Drafter.prime``: no drafts, no wait on the GPU) and they enter the graph
+        verifying no drafts this round; the round drafts their first k."""
+        fused = self.fast.fused
+        if not plan.entering or fused is None or fused.drafter is None or not fused.drafter.primes:
+            return []
+        return [row.request for row in plan.entering]
 
     def settle(self, plan: RoundPlan, items: Sequence[RoundItem]) -> RoundPlan:
         """The plan once the drafter's drafts (``items``, in ``plan.off_graph`` order) are in: an entering row
-        with the graph's k first drafts (and their q when it samples), whose drafter can go on in a graph from
-        here, joins the speculative graph (verifying its ``num_draft`` of them); the rest run eagerly with their
-        own k. Counts the rows by reason and logs the exits."""
+        with the graph's k first drafts (and their q when it samples), or none where the graph's drafter was primed
+        for it (``primed``), whose drafter can go on in a graph from here, joins the speculative graph (verifying
+        its ``num_draft`` of them; none without drafts); the rest run eagerly with their own k. Counts the rows by
+        reason and logs the exits."""
         fused, eager = list(plan.fused), []
         for row, it in zip(plan.off_graph, items):
             if row.path is Path.EAGER:
                 eager.append(dataclasses.replace(row, item=dataclasses.replace(it, prefill_chunk=row.prefill_chunk)))
             elif self._takes(row.request, it):
                 fused.append(dataclasses.replace(row, path=Path.FUSED, reason=Reason.ENTERED,
+                                                 num_draft=row.num_draft if it.drafts else 0,
                                                  item=_first(it, self.fast.fused.k)))
             else:
                 eager.append(dataclasses.replace(row, path=Path.EAGER, reason=Reason.DRAFTER_NOT_READY,
@@ -290,6 +312,8 @@ class Scheduler:
         fused = self.fast.fused
         drafter = fused.drafter  # the embedded drafter, or the local one beside a drafter outside the graph
         one_hot = drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
+        if drafter.primes:  # (no drafts: the round makes them)
+            return drafter.graph_ready(r.request_id, len(r.token_ids))
         return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
                 and drafter.graph_ready(r.request_id, len(r.token_ids)))
 

@@ -55,7 +55,8 @@ class SpecDecoder:
                                target.model.config.max_position)
         self.fast = FastPath(target, drafter, config, self.max_context, local)
         self.eager = EagerRound(target, k=config.k)
-        self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast)
+        self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast,
+                                   primes=drafter is not None and drafter.graph_rounds and drafter.primes)
 
     # ------------------------------------------------------------------ the parts, as callers know them
     @property
@@ -169,6 +170,7 @@ class SpecDecoder:
         self.fast.expect(plan)  # a round launched ahead for other rows gives back the KV blocks it held
         for row in plan.off_graph:  # not on the speculative graph this round: its drafter state there is stale
             self.fast.forget(row.request_id)
+        self.prime(self.scheduler.primed(plan))
         plan = self.scheduler.settle(plan, self.propose(*self.scheduler.wants(plan)))
         # the eager rows (prefills above all) are queued first and read last: the graph's next round, launched
         # ahead below, queues behind them, so reading them does not wait for it (the GPU goes on meanwhile)
@@ -210,6 +212,15 @@ class SpecDecoder:
             rows = len(plan.fused_plain)
             self.fast.guard.observe(False, rows, seconds * 1e3, self.fused_plain.store.steps_for(rows))
 
+    def prime(self, reqs: Sequence[Request]) -> None:
+        """The graph's drafter caught up on these requests entering the speculative graph (``Scheduler.primed``)."""
+        if reqs:
+            self.fused.drafter.prime([self._draft_request(r, self.fused.k) for r in reqs])
+
+    def _draft_request(self, r: Request, k: int) -> DraftRequest:
+        start, feats = r.features.take()  # (a drafter that reads none drops them)
+        return DraftRequest(r.request_id, r.token_ids, k, r.params, features=feats, features_start=start)
+
     def propose(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[RoundItem]:
         """Drafts from the embedded drafter, or the local one for the requests drafting with it (none where k == 0
         or there is no drafter)."""
@@ -220,12 +231,7 @@ class SpecDecoder:
                               (local, [i for i in chosen if reqs[i].request_id in mine])):
             if not rows:
                 continue
-            wanted = []
-            for i in rows:
-                start, feats = reqs[i].features.take()  # (a local drafter reads none: they go)
-                wanted.append(DraftRequest(reqs[i].request_id, reqs[i].token_ids, ks[i], reqs[i].params,
-                                           features=feats, features_start=start))
-            proposal = drafter.propose(wanted)
+            proposal = drafter.propose([self._draft_request(reqs[i], ks[i]) for i in rows])
             for j, i in enumerate(rows):
                 drafts = proposal.token_ids[j][: ks[i]]
                 probs = None if proposal.probs is None else proposal.probs[j, : len(drafts)]

@@ -53,6 +53,7 @@ def open_channel(address: str, max_message_bytes: int, identity: Identity | None
 
 class RemoteDrafter:
     graph_rounds = False  # drafts arrive from another process: the rounds verify them outside a fused graph
+    primes = False
 
     def __init__(self, address: str, vocab_size: int, *, channel: grpc.Channel, timeout_s: float = 2.0,
                  retry_s: float = 1.0, feature_window: int = 1024, connect_timeout_s: float = 300.0,

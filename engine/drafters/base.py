@@ -17,6 +17,10 @@ Capabilities are declared as attributes, never inferred from names:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
   ``propose``) can go on in fused rounds from here.
+- ``primes``: (with ``graph_rounds``) ``prime(requests)`` catches the drafter's state up on each request's
+  committed tokens without drafting and without waiting on the GPU; ``graph_ready`` then holds, and the request
+  enters a fused round verifying no drafts: that round drafts its first k. A drafter without it makes a request's
+  first drafts through ``propose``.
 
 Every drafter has ``capture_prefills()``: it captures the graphs of its own catch-up over a prompt up
 front (on a GPU; returns how many, 0 for a drafter with no graphs or where nothing is captured).
@@ -91,8 +95,11 @@ class Drafter(Protocol):
     target_features: tuple[int, ...]
     feature_size: int
     graph_rounds: bool
+    primes: bool
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal: ...
+
+    def prime(self, requests: Sequence[DraftRequest]) -> None: ...
 
     def release(self, request_id: str) -> None: ...
 

@@ -54,6 +54,7 @@ class _State:
 class EagleDrafter:
     deterministic = False
     graph_rounds = True  # engine/drafters/eagle_graph.py
+    primes = True  # ``prime``: the head's catch-up over a prompt alone; the fused round drafts
 
     def __init__(self, name: str, head: EagleHead, config: EngineConfig) -> None:
         self.name = name
@@ -139,6 +140,18 @@ class EagleDrafter:
     def _reset(self, request_id: str, st: _State) -> None:
         self.runner.free(request_id)
         st.tokens.clear()
+
+    def prime(self, requests: Sequence[DraftRequest]) -> None:
+        """The head's true entries up to each request's last committed token (``graph_ready``), from the features
+        handed over, in one forward whose output nobody reads: no drafts, no host sync."""
+        chunks, feats = [], []
+        for r in requests:
+            got = self._catch_up(r)
+            if got is not None:
+                chunks.append(Chunk(r.request_id, got[0]))
+                feats.append(got[1])
+        if chunks:
+            self.runner.run(chunks, features=torch.cat(feats))
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         drafts: list[list[int]] = [[] for _ in requests]

@@ -36,6 +36,7 @@ class ModelDrafter:
     target_features: tuple[int, ...] = ()
     feature_size = 0
     graph_rounds = True  # ModelProgram
+    primes = True  # ``prime``: its KV over the committed tokens alone; the fused round drafts
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name
@@ -82,6 +83,12 @@ class ModelDrafter:
         new = list(tokens[n:])
         st.cached.extend(new)
         return new
+
+    def prime(self, requests: Sequence[DraftRequest]) -> None:
+        """Its KV over each request's committed tokens (``graph_ready``), in one forward nobody reads."""
+        chunks = [Chunk(r.request_id, new) for r in requests if (new := self._catch_up(r))]
+        if chunks:
+            self.runner.forward(chunks)
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         kmax = max(r.k for r in requests)

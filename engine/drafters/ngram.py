@@ -21,6 +21,7 @@ from engine.drafters.ngram_graph import NgramProgram, TokenHistory
 class NgramDrafter:
     name = "ngram"
     deterministic = True
+    primes = False  # its first drafts, a host lookup, cost no forward
     target_features: tuple[int, ...] = ()
     feature_size = 0
 

@@ -1,12 +1,14 @@
 """What a round launched ahead keeps on the device between rounds (engine/rounds/ahead.py, engine/rounds/fused.py).
 
 A captured round's rows carry, in its graph's buffers, t0, the pending drafts and how many of them to verify
-(``inputs`` [R, k + 2]), the KV length (``kv_lens`` [R]) and the tokens each row may still commit
-(``room`` [R]). ``chain`` (inside the graph) leaves the next round's inputs in those buffers; two more steps
-keep a chain of rounds what the host would have launched:
+(``inputs`` [R, k + 2]), the KV length (``kv_lens`` [R]), the tokens each row may still commit and the drafts it
+verifies a round while that room allows (``room`` [R, 2]: its own k, capped by the graph's; a row that entered the
+graph without drafts verifies none in its first round and this many from its second). ``chain`` (inside the graph)
+leaves the next round's inputs in those buffers; two more steps keep a chain of rounds what the host would have
+launched:
 
 - ``count_down`` (inside the graph, after the inputs are chained): each live row's room shrinks by the tokens it
-  committed and its number of drafts to verify becomes min(its own, room - 1), exactly the host's
+  committed and its number of drafts to verify becomes min(its own k, room - 1), exactly the host's
   ``Scheduler.draft_len`` for the next round. So a row near its max_tokens still takes rounds launched ahead,
   verifying fewer drafts as it nears its end, instead of stopping the chain for the whole batch.
 - ``compact`` (outside, before a replay): rows that finished since the round in flight was launched leave the
@@ -60,20 +62,20 @@ def chain(inputs: torch.Tensor,               # [R, k+2] long, updated in place
 
 def count_down(inputs: torch.Tensor,    # [R, k+2] long: t0, k drafts, how many of them to verify (chained)
                kv_lens: torch.Tensor,   # [R] long: chained (live rows > k + 1)
-               room: torch.Tensor,      # [R] long: tokens each row may still commit, before this round
+               room: torch.Tensor,      # [R, 2] long: tokens each row may still commit before this round; its k
                accepted: torch.Tensor,  # [R] long: drafts this round accepted
                k: int) -> None:
     live = kv_lens > k + 1
-    left = torch.where(live, room - accepted - 1, room)
-    room.copy_(left)
+    left = torch.where(live, room[:, 0] - accepted - 1, room[:, 0])
+    room[:, 0].copy_(left)
     nd = inputs[:, k + 1]
-    inputs[:, k + 1].copy_(torch.where(live, torch.minimum(nd, (left - 1).clamp(min=0)), nd))
+    inputs[:, k + 1].copy_(torch.where(live, torch.minimum(room[:, 1], (left - 1).clamp(min=0)), nd))
 
 
-def next_num_draft(num_draft: int, room: int, accepted: int) -> int:
-    """``count_down``'s rule for one row, on the host: the drafts it verifies in the round after one that
-    accepted ``accepted`` of its drafts with ``room`` tokens left before it."""
-    return min(num_draft, max(room - accepted - 2, 0))
+def next_num_draft(want: int, room: int, accepted: int) -> int:
+    """``count_down``'s rule for one row, on the host: the drafts a row of k ``want`` verifies in the round after one
+    that accepted ``accepted`` of its drafts with ``room`` tokens left before it."""
+    return min(want, max(room - accepted - 2, 0))
 
 
 def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffers, each [R_src, ...]
@@ -98,12 +100,12 @@ def enter(inputs: torch.Tensor,            # [R, k+2] long: the destination grap
           rows: Sequence[Sequence[int]],   # [n][k+2] each joining row's t0, drafts and how many to verify
           lengths: Sequence[int],          # [n] each joining row's L (its committed tokens but t0)
           at: int,
-          room: torch.Tensor | None = None,  # [R] long (graphs that count down, k > 0), rows [at, at + n) written
-          rooms: Sequence[int] = ()) -> None:  # [n] the tokens each joining row may still commit
+          room: torch.Tensor | None = None,  # [R, 2] long (graphs that count down, k > 0), rows [at, at + n) written
+          rooms: Sequence[tuple[int, int]] = ()) -> None:  # [n] each joining row's room and k
     """Joining rows' inputs, from the host, after the live rows' (in stream order after the round in flight)."""
     n, k = len(rows), inputs.shape[1] - 2
     inputs[at: at + n].copy_(torch.tensor(rows, dtype=torch.long).view(n, k + 2), non_blocking=True)
     kv_lens[at: at + n].copy_(torch.tensor([length + k + 1 for length in lengths], dtype=torch.long),
                               non_blocking=True)
     if room is not None:
-        room[at: at + n].copy_(torch.tensor(list(rooms), dtype=torch.long), non_blocking=True)
+        room[at: at + n].copy_(torch.tensor(list(rooms), dtype=torch.long).view(n, 2), non_blocking=True)

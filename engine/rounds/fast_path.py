@@ -127,7 +127,7 @@ class FastPath:
                 nxt = self.next_drafts.get(r.request_id)
                 drafts, q = (nxt.drafts, nxt.q) if nxt is not None else ([], None)
             fused_rows.append(FusedRow(r.request_id, r.token_ids, drafts, r.params, row.num_draft, q, r.draws,
-                                       r.room()))
+                                       r.room(), min(row.k, graph.k)))
         results = graph.run(fused_rows, ahead)
         for row, fused_row, res in zip(rows, fused_rows, results):
             if res is None:  # it joins the chain of rounds launched ahead: it runs from the next round, verifying

@@ -63,6 +63,12 @@ class FusedRow:
     q: torch.Tensor | None = None   # [k, V] the drafts' distribution (sampled rows with k > 0)
     draw: int = 0                   # the request's draw number for this round's coins (sampled rows)
     room: int = 0                   # tokens the request may still commit (0: unknown, never launched ahead)
+    want: int | None = None         # drafts it verifies a round from the next on, room allowing (None: num_draft);
+                                    # a row entering without drafts (num_draft 0) verifies its k from its second
+
+    @property
+    def wanted(self) -> int:
+        return self.num_draft if self.want is None else self.want
 
 
 class FusedRounds:
@@ -200,7 +206,7 @@ class FusedRounds:
             accepted, drafted = accepted + a, drafted + d
             if g.steps > 1:  # (one round: the sums say it all)
                 rounds.append((a + 1, a, d))
-            nd, room, drafts = next_num_draft(nd, room, a), room - a - 1, block[k + 2:]
+            nd, room, drafts = next_num_draft(r.wanted, room, a), room - a - 1, block[k + 2:]
         return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
@@ -252,8 +258,8 @@ class FusedRounds:
                                   dtype=torch.long).view(n, k + 2)
         g.inputs.copy_(inputs, non_blocking=True)
         if g.room is not None:
-            g.room.copy_(torch.tensor([r.room for r in rows] + [0] * (rows_b - n), dtype=torch.long),
-                         non_blocking=True)
+            rooms = [(r.room, r.wanted) for r in rows] + [(0, 0)] * (rows_b - n)
+            g.room.copy_(torch.tensor(rooms, dtype=torch.long), non_blocking=True)
         return self._replay(g, rows, list(lengths), tuple(r.num_draft for r in rows))
 
     def _chains(self, g: RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
@@ -285,7 +291,7 @@ class FusedRounds:
             pad = [PLACEHOLDER_TOKEN_ID] * k
             enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
                                              for r in entering], entering_lengths, len(rows),
-                  g.room, [r.room for r in entering])
+                  g.room, [(r.room, r.wanted) for r in entering])
             for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
                 alloc.extend(r.request_id, length + g.span)
                 alloc.truncate(r.request_id, length, keep_blocks=True)

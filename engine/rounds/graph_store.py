@@ -83,7 +83,7 @@ class GraphStore:
         inputs = torch.zeros(rows, k + 2, dtype=torch.long, device=t.device)
         inputs[:, k + 1] = k
         chains = rows <= self.pipeline_rows
-        room = torch.zeros(rows, dtype=torch.long, device=t.device) if (chains or steps > 1) and k else None
+        room = torch.zeros(rows, 2, dtype=torch.long, device=t.device) if (chains or steps > 1) and k else None
         g = RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
         with torch.inference_mode():
             self.body.compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)

@@ -33,7 +33,9 @@ class RoundGraph:
     chains: bool                    # its rows bucket may launch rounds ahead (<= pipeline_rows): it chains inputs
     key: tuple[int, int, Mode]      # (rows bucket, context bucket, mode)
     steps: int                      # forwards a round (plain: plain_steps; speculative: whole rounds, spec_rounds)
-    room: torch.Tensor | None = None   # [R] long: tokens each row may still commit (k > 0, chaining or steps > 1)
+    # [R, 2] long (k > 0, chaining or steps > 1): tokens each row may still commit, and the drafts it verifies a round
+    # while that room allows (engine/rounds/chained.py ``count_down``)
+    room: torch.Tensor | None = None
     # plain [R, steps + 1]: tokens, steps - 1; speculative [R, steps * (2k + 2)]: per round its committed tokens
     # (k + 1), num_accepted (1) and next drafts (k)
     out: torch.Tensor | None = None
@@ -109,8 +111,9 @@ class RoundBody:
         kv = g.attn.kv_lens                                                   # [R] L + k + 1
         positions = (kv[:, None] - (k + 1) + self._offsets[None, :]).reshape(-1)
         g.attn.prepare()
-        if self.one_hot:  # a placeholder is verified as any token: its result is never accepted
-            tokens = tokens.clamp(min=0)
+        # a placeholder (past a row's real drafts: the n-gram lookup's, a row entering without drafts) is run as any
+        # token: its result is never accepted
+        tokens = tokens.clamp(min=0)
         hidden, aux = model.forward_aux(tokens.reshape(-1), positions, g.attn, self.aux_layers)
         logits = model.lm_logits(hidden)                                       # [R*(k+1), V] model dtype
         committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))

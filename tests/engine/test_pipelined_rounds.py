@@ -85,7 +85,7 @@ def test_each_output_says_how_many_rounds_its_replay_ran(smollm, prompts):
 @pytest.mark.parametrize("draft,k", [("none", 0), ("auto", 4)])
 def test_rounds_launched_ahead_decode_what_the_eager_engine_decodes(smollm, prompts, draft, k):
     # rows leave at different rounds: near its end a row stops taking rounds ahead
-    params = [SamplingParams(max_tokens=n + 3 * k, ignore_eos=True) for n in (12, 20, 16)]
+    params = [SamplingParams(max_tokens=n + 3 * k, ignore_eos=True) for n in (12, 28, 16)]
     want = make_decoder(smollm, draft, k=k, cuda_graphs=False).generate(prompts, params)
     dec = _pipelined(smollm, draft, k)
     free = [a.free_blocks for a in _allocators(dec)]
@@ -243,3 +243,27 @@ def test_arrivals_join_a_speculative_chain_of_rounds_launched_ahead(smollm, prom
     # every arrival but the first joined the chain; no round was launched and then thrown away
     assert dec.fused.joined >= 5 and dec.fused.dropped == 0, (dec.fused.joined, dec.fused.dropped)
     _nothing_held(dec, dec.fused, free)
+
+
+@pytest.mark.parametrize("draft", ["auto", "ngram"])
+def test_a_primed_drafter_makes_an_arrivals_first_drafts_in_the_round(smollm, prompts, draft):
+    """The EAGLE head primes (``Drafter.primes``): an arrival's first round on the speculative graph verifies no
+    drafts, the head caught up on its prompt beforehand without drafting, and that round drafts its first k;
+    ``propose`` never runs. The n-gram lookup does not prime: its first drafts come from ``propose``. Either way the
+    tokens and round counts are the eager engine's."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (12, 20, 16)]
+    want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate(prompts, params)
+    dec = _pipelined(smollm, draft, 4)
+    calls = {"prime": 0, "propose": 0}  # requests past their prefill handed to each (a prefill round asks too)
+    lens = {len(p) for p in prompts}
+    for name in calls:
+        if hasattr(dec.drafter, name):
+            def counted(requests, _f=getattr(dec.drafter, name), _n=name):
+                calls[_n] += sum(len(r.token_ids) not in lens for r in requests)
+                return _f(requests)
+            setattr(dec.drafter, name, counted)
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
+    assert dec.scheduler.rows["entered"] == len(prompts)
+    assert calls == ({"prime": 3, "propose": 0} if dec.drafter.primes else {"prime": 0, "propose": 3}), calls
