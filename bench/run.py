@@ -85,6 +85,8 @@ def _timed_decoder(model: LoadedModel, config: EngineConfig, draft: str) -> tupl
     decoder.target.run = timer.wrap("verify", decoder.target.run)
     if decoder.drafter is not None:
         decoder.drafter.propose = timer.wrap("draft", decoder.drafter.propose)
+        if decoder.drafter.primes:  # (an arrival's catch-up without drafts: the drafter's time too)
+            decoder.drafter.prime = timer.wrap("draft", decoder.drafter.prime)
     for fused in (decoder.fused, decoder.fused_plain):
         if fused is not None:
             fused.run = timer.wrap("fused", fused.run)
