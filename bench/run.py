@@ -108,7 +108,7 @@ def _chosen_k(decoder, k: int, batch_size: int, greedy: bool) -> int:
     one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it."""
     policy, limit = decoder.fast.policy, decoder.config.spec_max_batch
     if policy is None:  # the max-batch rule (or none)
-        over = limit is not None and spec_load([greedy] * batch_size) > limit
+        over = limit is not None and spec_load([greedy] * batch_size, decoder.scheduler.weight) > limit
         return 0 if decoder.fused_plain is not None and over else k
     return policy.chosen.get(policy.bucket(batch_size), k)
 

@@ -44,11 +44,12 @@ class CapacityError(RuntimeError):
 
 class Scheduler:
     def __init__(self, target: "ModelRunner", tokenizer: "Tokenizer", config: EngineConfig, max_context: int,
-                 fast: FastPath, primes: bool = False) -> None:
+                 fast: FastPath, primes: bool = False, weight: int = 1) -> None:
         """``primes``: the embedded drafter primes (``Drafter.primes``): a request's first round after its prefill
-        verifies no drafts on every path (on a graph it enters primed; an eager round takes none: the rounds agree)."""
+        verifies no drafts on every path (on a graph it enters primed; an eager round takes none: the rounds agree).
+        ``weight``: what a greedy request weighs against ``spec_max_batch`` (the drafter's ``batch_weight``)."""
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
-        self.fast, self.primes = fast, primes
+        self.fast, self.primes, self.weight = fast, primes, weight
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # running, in arrival order
         self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
@@ -193,7 +194,7 @@ class Scheduler:
 
     def apply_batch_policy(self) -> list[str]:
         """With a batch policy: when a round of these requests should not speculate (by default their ``spec_load``, a
-        sampled request counting twice, is above ``spec_max_batch``, or, with a drafter outside the graph, its rounds
+        sampled request counting twice and each its drafter's ``batch_weight``, is above ``spec_max_batch``, or, with a drafter outside the graph, its rounds
         at this size were measured not to pay: engine/policy.py ``SpecGuard``; with ``--spec-policy cost`` the cost
         rule, engine/policy.py, and where its sizes were not timed more than ``spec_max_batch`` requests run), every
         running request decodes plainly to its end; where only the guard says no and the fast path has a local
@@ -205,7 +206,7 @@ class Scheduler:
         if policy is None:
             guard, limit = self.fast.guard, self.config.spec_max_batch  # guard: a drafter outside the graph
             # (n above the limit is over it whatever the load: every request weighs at least 1)
-            if n <= limit and spec_load(r.params.greedy for r in self.requests.values()) <= limit:
+            if n <= limit and spec_load((r.params.greedy for r in self.requests.values()), self.weight) <= limit:
                 if guard is None or guard.speculate(n, clean=not self.demoted and not self.local):
                     return []
                 if self.fast.local is not None:

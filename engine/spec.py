@@ -56,7 +56,8 @@ class SpecDecoder:
         self.fast = FastPath(target, drafter, config, self.max_context, local)
         self.eager = EagerRound(target, k=config.k)
         self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast,
-                                   primes=drafter is not None and drafter.graph_rounds and drafter.primes)
+                                   primes=drafter is not None and drafter.graph_rounds and drafter.primes,
+                                   weight=drafter.batch_weight if drafter is not None else 1)
 
     # ------------------------------------------------------------------ the parts, as callers know them
     @property
@@ -284,7 +285,7 @@ class SpecDecoder:
         target's verify steps its eager rounds replay (k + 1 tokens a row, with the features it reads), up to
         the batch sizes that speculate."""
         max_batch = max_batch or self.config.max_batch_size
-        n = self.fast.capture(max_batch, self.config.spec_max_batch, modes)
+        n = self.fast.capture(max_batch, self.config.spec_max_batch, modes, self.scheduler.weight)
         graphs, d, k = self.target.graphs, self.drafter, self.config.k
         if graphs is not None and graphs.capture and d is not None and not d.graph_rounds and k:
             spec_max = self.config.spec_max_batch

@@ -54,6 +54,7 @@ def open_channel(address: str, max_message_bytes: int, identity: Identity | None
 class RemoteDrafter:
     graph_rounds = False  # drafts arrive from another process: the rounds verify them outside a fused graph
     primes = False
+    batch_weight = 2  # two RPCs a round; the guard (engine/policy.py SpecGuard) times its rounds within the limit
 
     def __init__(self, address: str, vocab_size: int, *, channel: grpc.Channel, timeout_s: float = 2.0,
                  retry_s: float = 1.0, feature_window: int = 1024, connect_timeout_s: float = 300.0,

@@ -26,6 +26,10 @@
 #    too (carried, from 4fe4763 on), before this one, each config, after a warm-up load; NO_TESTS=1: no tests.
 # W: waves at every size (--spec-max-batch 64), HumanEval 64 prompts, greedy, BS (default 16,64), plain, the EAGLE head
 #    and n-gram: --spec-rounds 1, then this tree's default.
+# M: the default batch limit, waves: tandem bench at BS (default 4,16), none,auto,ngram, greedy and T 0.7, 64 prompts,
+#    DATASET (default humaneval), with --spec-max-batch 8 and then 16 (one tree, this one).
+# Y: py-spy over one continuous load (bs 64, 1024 prompts, the EAGLE head, --spec-rounds ROUNDS, default 1), in
+#    BASE=path's tree and then this one (carry [".carry/env", ".whl", BASE]).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -83,6 +87,24 @@ case "${PART:-P}" in
       --temperatures 0 --spec-max-batch 64 --admission continuous --attention torch --device cuda --out-dir "$OUT" \
       > "$OUT/$name-cont64.log" 2>&1
     grep -E '^\|' "$OUT/$name-cont64.md" | cut -d'|' -f2-14; echo "done at $SECONDS s" ;;
+  M)
+    for smb in 8 16; do
+      tag="$name-${DATASET:-humaneval}-smb$smb"
+      timeout 280 python3 -m cli.main bench --name "$tag" --dataset "${DATASET:-humaneval}" --num-prompts 64 \
+        --batch-sizes "${BS:-4,16}" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
+        --spec-max-batch $smb --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag at $SECONDS s"
+    done ;;
+  Y)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy-*.whl && export PATH=/tmp/spy/bin:$PATH
+    for tree in ${BASE:-} .; do
+      tag="$name-spy-rounds${ROUNDS:-1}$([ "$tree" = . ] || echo -base)"
+      (cd "$tree" && timeout 150 py-spy record -r 200 --nonblocking -f raw -o "$OUT/$tag.txt" -- python3 -m cli.main \
+        bench --name "$tag" --dataset humaneval --num-prompts 1024 --batch-sizes 64 --drafts auto --baselines none \
+        --temperatures 0 --spec-max-batch 64 --spec-rounds "${ROUNDS:-1}" --admission continuous --attention torch \
+        --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14; echo "$tag at $SECONDS s"
+    done ;;
   R)
     for g in $(echo "${ADMIT:-1,4,8}" | tr , ' '); do
       tag="$name-group$g"

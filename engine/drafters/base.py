@@ -17,6 +17,9 @@ Capabilities are declared as attributes, never inferred from names:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
   ``propose``) can go on in fused rounds from here.
+- ``batch_weight``: what a greedy request drafting with it weighs against ``--spec-max-batch`` (engine/policy.py
+  ``spec_load``): 2 where its rounds pay for half as many rows (the n-gram lookup's 1.5 tokens a round against the
+  EAGLE head's 2.1-2.6; a drafter service's rounds cross two RPCs), else 1.
 - ``primes``: (with ``graph_rounds``) ``prime(requests)`` catches the drafter's state up on each request's
   committed tokens without drafting and without waiting on the GPU; ``graph_ready`` then holds, and the request
   enters a fused round verifying no drafts: that round drafts its first k. A drafter without it makes a request's
@@ -96,6 +99,7 @@ class Drafter(Protocol):
     feature_size: int
     graph_rounds: bool
     primes: bool
+    batch_weight: int
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal: ...
 

@@ -55,6 +55,7 @@ class EagleDrafter:
     deterministic = False
     graph_rounds = True  # engine/drafters/eagle_graph.py
     primes = True  # ``prime``: the head's catch-up over a prompt alone; the fused round drafts
+    batch_weight = 1
 
     def __init__(self, name: str, head: EagleHead, config: EngineConfig) -> None:
         self.name = name

@@ -37,6 +37,7 @@ class ModelDrafter:
     feature_size = 0
     graph_rounds = True  # ModelProgram
     primes = True  # ``prime``: its KV over the committed tokens alone; the fused round drafts
+    batch_weight = 1
 
     def __init__(self, name: str, model: LlamaForCausalLM, config: EngineConfig, target_vocab: int) -> None:
         self.name = name

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.policy import SpecGuard, SpecPolicy
+from engine.policy import SAMPLED_LOAD, SpecGuard, SpecPolicy
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
 from engine.rounds.graph_sampling import Mode
@@ -77,13 +77,15 @@ class FastPath:
     def graphs(self) -> list[FusedRounds]:
         return [g for g in (self.fused, self.fused_plain) if g is not None]
 
-    def capture(self, max_batch: int, spec_max_batch: int | None, modes: Sequence[Mode] | None = None) -> int:
+    def capture(self, max_batch: int, spec_max_batch: int | None, modes: Sequence[Mode] | None = None,
+                weight: int = 1) -> int:
         """Build (capture) the round graphs a server's batches will take, before requests arrive. With the cost
         policy (a drafter drafting in the graph and a batch policy): both graphs at every size, then each bucket's
         replay timed for the policy. Else the speculative graph for rounds of up to ``spec_max_batch`` rows (every
-        size where there is no batch policy), the plain graph for every size (the requests the policy demotes
-        decode plainly to their end, as their batch shrinks too; with a drafter outside the graph, each bucket's
-        replay timed for the guard)."""
+        size where there is no batch policy), the plain graph for every size where a load can pass the limit (the
+        requests the policy demotes decode plainly to their end, as their batch shrinks too; a greedy request weighs
+        ``weight``, a sampled one ``SAMPLED_LOAD`` times that: 16 sampled ones pass a limit of 16; with a drafter
+        outside the graph, each bucket's replay timed for the guard)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
@@ -92,7 +94,9 @@ class FastPath:
             return n
         if spec is not None:
             n += spec.capture_buckets(max_batch if plain is None else min(spec_max_batch, max_batch), **kw)
-        if plain is not None and (spec_max_batch < max_batch or self.guard is not None):
+        # a load past the limit decodes plainly: more requests than it, or fewer that sample (each weighs more)
+        heaviest = max_batch * weight * (1 if modes is not None and set(modes) == {Mode.GREEDY} else SAMPLED_LOAD)
+        if plain is not None and (spec_max_batch < heaviest or self.guard is not None):
             n += plain.capture_buckets(max_batch, **kw)
         if self.guard is not None:  # what a plain token costs, against the drafter's rounds measured later
             self.guard.timed(plain.replay_ms())

@@ -129,3 +129,16 @@ def test_a_drafter_without_graph_rounds_is_an_exit(smollm, prompts, plain):
     [got] = dec.generate(prompts[:1], GREEDY)
     assert got.new_token_ids == plain[0]
     assert dict(dec.fast_path_exits) == {"drafter_without_graph": got.rounds - 1}  # every round but its prefill
+
+
+def test_the_plain_graphs_a_sampled_load_falls_to_are_built_up_front(smollm):
+    """``capture_rounds`` builds the plain graph wherever a load can pass ``spec_max_batch``: four greedy requests
+    never pass a limit of 4, four sampled ones (weighing 2 each) do, and decode plainly in graphs built before
+    requests arrive (not captured mid-run)."""
+    from engine.rounds.graph_sampling import Mode
+
+    dec = _fused(smollm, max_batch_size=4, spec_max_batch=4)
+    dec.capture_rounds(modes=[Mode.GREEDY])
+    assert dec.fused.store.graphs and not dec.fused_plain.store.graphs
+    dec.capture_rounds(modes=[Mode.SAMPLED])
+    assert {rows for rows, _, _ in dec.fused_plain.store.graphs} == {1, 2, 4}

@@ -97,14 +97,15 @@ def test_the_decoder_demotes_when_the_policy_says_plain_and_decodes_the_same(smo
 
 
 def test_the_default_rule_counts_a_sampled_request_twice(smollm):
-    """The max-batch rule (``spec_max_batch`` 4): four greedy requests speculate, two greedy and two sampled (load
-    6) are all demoted at once, two sampled (load 4) speculate; greedy output stays the target's either way."""
+    """The max-batch rule (``spec_max_batch`` 4) with the EAGLE head: four greedy requests speculate, two greedy and
+    two sampled (load 6) are all demoted at once, two sampled (load 4) speculate; greedy output stays the target's
+    either way."""
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
     sampled = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
     assert spec_load([True, False, True]) == 4 and spec_load([]) == 0
-    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
+    dec = make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
     got = dec.generate(prompts, greedy)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain] and sum(o.drafted for o in got) > 0
     got = dec.generate(prompts, [greedy, greedy, sampled, sampled])
@@ -112,6 +113,22 @@ def test_the_default_rule_counts_a_sampled_request_twice(smollm):
     assert all(o.drafted == 0 for o in got)
     got = dec.generate(prompts[2:], sampled)
     assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
+
+
+def test_a_request_drafting_n_grams_weighs_twice(smollm):
+    """The n-gram lookup's ``batch_weight`` 2 (its rounds pay for half as many rows): with ``spec_max_batch`` 4 two
+    greedy requests speculate, four (load 8) decode plainly, as a drafter service's would; the EAGLE head weighs 1."""
+    prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
+    greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+    plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
+    assert spec_load([True, False], 2) == 6
+    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
+    assert dec.scheduler.weight == 2 and make_decoder(smollm, "auto", k=4).scheduler.weight == 1
+    got = dec.generate(prompts[:2], greedy)
+    assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
+    got = dec.generate(prompts, greedy)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    assert all(o.drafted == 0 for o in got) and dec.scheduler.rows["demoted"] > 0
 
 
 class _Clock:

@@ -1,7 +1,7 @@
 """The configuration Tandem ships on a GPU, built the way `tandem generate` and `tandem verifier` build it.
 
 Every engine knob comes from ``rpc.settings.EngineSettings`` (the one settings path of the CLI and the
-services): fused rounds, rounds launched ahead, the batch policy (``spec_max_batch`` 8), CUDA graphs,
+services): fused rounds, rounds launched ahead, the batch policy (``spec_max_batch`` 16), CUDA graphs,
 the shipped drafter (``auto``: the EAGLE head), k 4; and the two switches users reach for,
 ``--enforce-eager`` and ``--no-fused-rounds``. Each must decode exactly what plain greedy decoding
 does. The numerics are pinned to float32 with the torch attention for prompts, where exact equality
@@ -27,7 +27,10 @@ VARIANTS = {"shipped": {}, "enforce_eager": {"enforce_eager": True}, "no_fused_r
 TEXTS = ["Write a Python function that checks whether a number is prime.", "Name three rivers in Europe.",
          "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
          "Explain recursion to a child in two sentences.", "List the days of the week.", "What is 12 times 12?",
-         "Name a color.", "Count from one to ten.", "Why is the sky blue?", "Write a haiku about rain."]
+         "Name a color.", "Count from one to ten.", "Why is the sky blue?", "Write a haiku about rain.",
+         "Translate 'good morning' into Spanish.", "What does a compiler do?", "Name two planets.",
+         "Give a synonym for happy.", "Sort these numbers: 5, 2, 9, 1.", "What is the boiling point of water?",
+         "Write a limerick about a cat.", "Describe a triangle."]
 
 
 def _decoder(model, settings: EngineSettings) -> SpecDecoder:
@@ -47,7 +50,7 @@ def reference(f32):
     prompts = [f32.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
     plain = _decoder(f32, EngineSettings(**NUMERICS, draft="none", k=0, enforce_eager=True))
     lengths = [40 + 7 * i for i in range(len(prompts))]  # the batch shrinks as requests finish
-    return prompts, lengths, {n: _greedy(plain, prompts[:n], lengths[:n]) for n in (1, 8, 10)}
+    return prompts, lengths, {n: _greedy(plain, prompts[:n], lengths[:n]) for n in (1, 8, 16, 18)}
 
 
 def test_the_services_ship_what_the_cli_ships():
@@ -59,13 +62,13 @@ def test_the_services_ship_what_the_cli_ships():
 def test_shipped_configuration_decodes_plain_greedy(f32, reference, variant):
     prompts, lengths, plain = reference
     settings = EngineSettings(**NUMERICS, **VARIANTS[variant])
-    assert settings.draft == "auto" and settings.k == 4 and settings.spec_max_batch == 8
+    assert settings.draft == "auto" and settings.k == 4 and settings.spec_max_batch == 16
     dec = _decoder(f32, settings)
     if variant == "shipped":  # the fast path is really on: rounds in graphs, the next one launched ahead
         assert dec.fused is not None and dec.fused.capture and dec.config.pipeline_rows == 64
-    # 1 request: speculative rounds (launched ahead where shipped); 8: the policy's limit; 10: every request
-    # decodes plainly (more than spec_max_batch run), on the plain graph where fused rounds are on
-    for n in (1, 8, 10):
+    # 1 request: speculative rounds (launched ahead where shipped); 16: the policy's limit (two rounds a replay);
+    # 18: every request decodes plainly (more than spec_max_batch run), on the plain graph where fused rounds are on
+    for n in (1, 16, 18):
         assert _greedy(dec, prompts[:n], lengths[:n]) == plain[n], (variant, n)
     if variant == "shipped":
         assert dec.fused.rounds > 0 and dec.fused.rounds_ahead > 0
