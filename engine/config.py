@@ -136,7 +136,7 @@ class EngineConfig:
     # fused rounds speculate only while the running requests weigh at most this (a greedy one 1, a sampled one 2:
     # engine/policy.py's spec_load): a request running while more do decodes plainly to its end (a verify of k + 1 tokens
     # per row costs more there than the drafts save); None: always
-    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 8
+    spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 16
     # with a batch policy (spec_max_batch set): "max-batch", the rule above; "cost", per round by the measured cost
     # of a round at this batch size and the requests' acceptance (engine/policy.py; experimental: it misjudged
     # some batch sizes on the H200, bench/RESULTS.md issue 23), spec_max_batch where sizes were not timed
