@@ -268,21 +268,24 @@ class Scheduler:
         """The drafts the drafter makes this round: an eager row's k; an entering row's the graph's k (or its
         own, when larger: it takes those if it runs eagerly after all), none where the graph's drafter is primed
         for it instead (``primed``)."""
-        fused = self.fast.fused
-        graph_k = fused.k if fused is not None else 0
-        primes = fused is not None and fused.drafter is not None and fused.drafter.primes
+        graph_k = self.fast.fused.k if self.fast.fused is not None else 0
+        primes = self._graph_primes
         return ([row.request for row in plan.off_graph],
                 [row.k if row.path is Path.EAGER else 0 if primes else max(row.k, graph_k)
                  for row in plan.off_graph])
+
+    @property
+    def _graph_primes(self) -> bool:
+        """Whether the speculative graph's drafter (the embedded one, or the local one beside a drafter outside the
+        graph) primes its entering rows instead of drafting for them (``Drafter.primes``)."""
+        fused = self.fast.fused
+        return fused is not None and fused.drafter is not None and fused.drafter.primes
 
     def primed(self, plan: RoundPlan) -> list[Request]:
         """The entering rows whose graph drafter makes their first drafts in the round itself: it is caught up on
         their committed tokens now (``Drafter.prime``: no drafts, no wait on the GPU) and they enter the graph
         verifying no drafts this round; the round drafts their first k."""
-        fused = self.fast.fused
-        if not plan.entering or fused is None or fused.drafter is None or not fused.drafter.primes:
-            return []
-        return [row.request for row in plan.entering]
+        return [row.request for row in plan.entering] if self._graph_primes else []
 
     def settle(self, plan: RoundPlan, items: Sequence[RoundItem]) -> RoundPlan:
         """The plan once the drafter's drafts (``items``, in ``plan.off_graph`` order) are in: an entering row
@@ -314,7 +317,7 @@ class Scheduler:
         fused = self.fast.fused
         drafter = fused.drafter  # the embedded drafter, or the local one beside a drafter outside the graph
         one_hot = drafter.deterministic  # fewer than k drafts is all it has to say, and no q crosses
-        if drafter.primes:  # (no drafts: the round makes them)
+        if self._graph_primes:  # (no drafts: the round makes them)
             return drafter.graph_ready(r.request_id, len(r.token_ids))
         return ((len(item.drafts) >= fused.k or one_hot) and (r.params.greedy or item.probs is not None or one_hot)
                 and drafter.graph_ready(r.request_id, len(r.token_ids)))

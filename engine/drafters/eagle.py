@@ -145,30 +145,29 @@ class EagleDrafter:
     def prime(self, requests: Sequence[DraftRequest]) -> None:
         """The head's true entries up to each request's last committed token (``graph_ready``), from the features
         handed over, in one forward whose output nobody reads: no drafts, no host sync."""
-        chunks, feats = [], []
-        for r in requests:
+        _, chunks, features = self._catch_ups(requests)
+        if chunks:
+            self.runner.run(chunks, features=features)
+
+    def _catch_ups(self, requests: Sequence[DraftRequest]) -> tuple[list[int], list[Chunk], torch.Tensor | None]:
+        """The requests that can draft (their indices), the entries each appends (``_catch_up``) as a chunk, and
+        the features of them all, in order (None: none can)."""
+        active, chunks, feats = [], [], []
+        for i, r in enumerate(requests):
             got = self._catch_up(r)
             if got is not None:
+                active.append(i)
                 chunks.append(Chunk(r.request_id, got[0]))
                 feats.append(got[1])
-        if chunks:
-            self.runner.run(chunks, features=torch.cat(feats))
+        return active, chunks, torch.cat(feats) if feats else None
 
     def propose(self, requests: Sequence[DraftRequest]) -> DraftProposal:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: torch.Tensor | None = None
-        active, chunks, feats = [], [], []
-        for i, r in enumerate(requests):
-            got = self._catch_up(r)
-            if got is None:
-                continue
-            active.append(i)
-            chunks.append(Chunk(r.request_id, got[0]))
-            feats.append(got[1])
+        active, chunks, features = self._catch_ups(requests)
         if not active:
             return DraftProposal(token_ids=drafts, probs=None)
         kmax = max(requests[i].k for i in active)
-        features = torch.cat(feats)
         picked: list[tuple[list[int], torch.Tensor]] = []  # each step's rows (of ``requests``) and tokens [rows]
         ids = None
         for step in range(kmax):
