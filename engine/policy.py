@@ -47,6 +47,8 @@ MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptanc
 SAMPLED_LOAD = 2    # what a sampled request weighs against spec_max_batch (a greedy one: 1)
 GUARD_ROUNDS = 4    # speculative rounds of a rows bucket the guard sees before their cost decides
 GUARD_PROBE_S = 30.0  # how long the guard trusts a bucket's measured speculative rounds; then it measures again
+GATE_EWMA = 0.2     # weight of a request's acceptance in the gate's recent figure
+GATE_PROBE_S = 30.0  # how long the gate credits new requests with the recent figure; then the prior again
 
 
 def rows_bucket(buckets: Sequence[int], rows: int) -> int:
@@ -58,6 +60,17 @@ def spec_load(greedy: Iterable[bool], weight: int = 1) -> int:
     """The running requests' weight against ``spec_max_batch`` (``greedy``: each request's params.greedy; ``weight``:
     what one greedy request weighs with the decoder's drafter, its ``batch_weight``)."""
     return weight * sum(1 if g else SAMPLED_LOAD for g in greedy)
+
+
+def round_tau(accepted: int, rounds: float) -> float | None:
+    """A request's expected tokens per speculative round from its ``accepted`` drafts over ``rounds`` speculative
+    rounds: None (the prior) until it has ``MIN_ROUNDS`` (a request's first rounds after its prompt often accept
+    little: they must not demote it for good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS``
+    rounds."""
+    if rounds < MIN_ROUNDS:
+        return None
+    own = 1.0 + accepted / rounds
+    return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
 
 
 class SpecPolicy:
@@ -122,14 +135,8 @@ class SpecPolicy:
         self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
 
     def request_tau(self, accepted: int, drafted: int) -> float | None:
-        """A request's expected tokens per speculative round: None (the prior) until it has drafted ``MIN_ROUNDS``
-        rounds' worth (a request's first rounds after its prompt often accept little: they must not demote it for
-        good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds."""
-        rounds = drafted / self.k
-        if rounds < MIN_ROUNDS:
-            return None
-        own = 1.0 + accepted / rounds
-        return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
+        """``round_tau``, its rounds counted by its drafts (k a round)."""
+        return round_tau(accepted, drafted / self.k)
 
 
 class SpecGuard:
@@ -208,3 +215,79 @@ class SpecGuard:
         spent, tokens, n = self.spec.get(b, (0.0, 0.0, 0))
         self.since.setdefault(b, self.clock())
         self.spec[b] = (spent + round_ms, tokens + tokens_per_row, n + 1)
+
+
+class AcceptanceGate:
+    """The default rule's check where the drafter drafts inside the round's graph (the EAGLE head, a draft model,
+    the n-gram lookup). Within ``spec_max_batch`` a round of the B requests that would speculate does so only while
+
+        tau * plain(B)  >=  MARGIN * spec(B)
+
+    - ``spec(B)``, ``plain(B)``: the captured graphs' replay times (a speculative round, a plain token) of that rows
+      bucket in the round's sampling mode, timed at capture (``GraphStore.replay_ms_by_mode``);
+    - ``tau``: the mean over those requests of the tokens each committed per round (``round_tau``: its own once it
+      has run ``MIN_ROUNDS`` rounds, each counted whatever it drafted: an n-gram lookup that finds no match drafts
+      nothing and still costs a speculative round); a request not known yet is credited with ``recent``: what the
+      drafter's requests of its kind (greedy or sampled) reached lately (an EWMA over requests as each is demoted or
+      finishes with its own figure known), trusted for ``GATE_PROBE_S`` after it was last fed, else ``PRIOR_TAU``.
+
+    So a drafter that rarely matches (the n-gram lookup on chat, sampled) stops speculating once its requests' figures
+    are in, and the requests after them decode plainly from their first round while the drafter's recent figure
+    stands; and where requests that accept well finish first, those left that accept little stop too (in a batch
+    of waves the slowest request sets its length). When it says no the batch policy demotes every running request
+    to plain decoding to its end: a round runs one graph (a mixed round runs both). Where nothing was timed (no GPU)
+    it always says yes."""
+
+    def __init__(self, k: int, buckets: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.k, self.buckets, self.clock = k, tuple(buckets), clock
+        self.spec_ms: dict[tuple[int, int], float] = {}   # (rows bucket, sampling mode) -> a speculative round
+        self.plain_ms: dict[tuple[int, int], float] = {}  # (rows bucket, sampling mode) -> a plain token
+        self.recent: dict[bool, tuple[float, float]] = {}  # greedy? -> (the requests' figure lately, when fed)
+        self.chosen: dict[int, int] = {}  # rows bucket -> the k chosen for its last round (0: plain)
+
+    def bucket(self, rows: int) -> int:
+        return rows_bucket(self.buckets, rows)
+
+    def timed(self, spec_ms: dict[tuple[int, int], float], plain_ms: dict[tuple[int, int], float]) -> None:
+        """The captured graphs' replay times by (rows bucket, sampling mode)."""
+        self.spec_ms.update(spec_ms)
+        self.plain_ms.update(plain_ms)
+
+    def figure(self, accepted: int, rounds: int, greedy: bool) -> float:
+        """What a request with these counts is credited with: its own ``round_tau``, else its kind's recent figure
+        (``PRIOR_TAU`` where there is none or it is older than ``GATE_PROBE_S``)."""
+        own = round_tau(accepted, rounds)
+        if own is not None:
+            return own
+        recent, fed = self.recent.get(greedy, (PRIOR_TAU, -GATE_PROBE_S))
+        return recent if self.clock() - fed <= GATE_PROBE_S else PRIOR_TAU
+
+    def learn(self, accepted: int, rounds: int, greedy: bool) -> None:
+        """A request leaves speculation (demoted, or finished) with these counts: its figure, where known, feeds its
+        kind's recent one."""
+        own = round_tau(accepted, rounds)
+        if own is not None:
+            old = self.recent.get(greedy)
+            self.recent[greedy] = (own if old is None else (1 - GATE_EWMA) * old[0] + GATE_EWMA * own, self.clock())
+
+    def costs(self, rows: int, mode: int) -> tuple[float, float] | None:
+        """(spec, plain) ms of rounds of ``rows`` rows in sampling ``mode``: its own times, else the nearest lighter
+        mode's (a filtered round: the sampled one's); None where not timed."""
+        b = self.bucket(rows)
+        for m in range(mode, -1, -1):
+            if (b, m) in self.spec_ms and (b, m) in self.plain_ms:
+                return self.spec_ms[(b, m)], self.plain_ms[(b, m)]
+        return None
+
+    def speculate(self, rows: int, mode: int, taus: Sequence[float]) -> bool:
+        """Whether a round of these ``rows`` requests in sampling ``mode`` (each one's ``figure``) speculates."""
+        costs, b = self.costs(rows, mode), self.bucket(rows)
+        tau = sum(taus) / len(taus) if taus else None
+        yes = costs is None or tau is None or tau * costs[1] >= MARGIN * costs[0]
+        k = self.k if yes else 0
+        if self.chosen.get(b) != k:
+            log.debug("batch policy: rounds of %d rows (bucket %d) %s: tau %s, a speculative round %s ms, a plain "
+                      "token %s ms", rows, b, "speculate" if yes else "decode plainly",
+                      None if tau is None else round(tau, 2), *(costs or (None, None)))
+        self.chosen[b] = k
+        return yes
