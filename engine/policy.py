@@ -47,8 +47,6 @@ MIN_ROUNDS = 16     # speculative rounds of its own before a request's acceptanc
 SAMPLED_LOAD = 2    # what a sampled request weighs against spec_max_batch (a greedy one: 1)
 GUARD_ROUNDS = 4    # speculative rounds of a rows bucket the guard sees before their cost decides
 GUARD_PROBE_S = 30.0  # how long the guard trusts a bucket's measured speculative rounds; then it measures again
-GATE_EWMA = 0.2     # weight of a request's acceptance in the gate's recent figure
-GATE_PROBE_S = 30.0  # how long the gate credits new requests with the recent figure; then the prior again
 
 
 def rows_bucket(buckets: Sequence[int], rows: int) -> int:
@@ -227,22 +225,20 @@ class AcceptanceGate:
       bucket in the round's sampling mode, timed at capture (``GraphStore.replay_ms_by_mode``);
     - ``tau``: the mean over those requests of the tokens each committed per round (``round_tau``: its own once it
       has run ``MIN_ROUNDS`` rounds, each counted whatever it drafted: an n-gram lookup that finds no match drafts
-      nothing and still costs a speculative round); a request not known yet is credited with ``recent``: what the
-      drafter's requests of its kind (greedy or sampled) reached lately (an EWMA over requests as each is demoted or
-      finishes with its own figure known), trusted for ``GATE_PROBE_S`` after it was last fed, else ``PRIOR_TAU``.
+      nothing and still costs a speculative round), ``PRIOR_TAU`` for a request not known yet: every request is
+      measured on its own rounds (crediting new requests with earlier ones' figures kept a drafter plain for good
+      after one request that accepted little: bench/RESULTS.md, issue 23).
 
     So a drafter that rarely matches (the n-gram lookup on chat, sampled) stops speculating once its requests' figures
-    are in, and the requests after them decode plainly from their first round while the drafter's recent figure
-    stands; and where requests that accept well finish first, those left that accept little stop too (in a batch
-    of waves the slowest request sets its length). When it says no the batch policy demotes every running request
-    to plain decoding to its end: a round runs one graph (a mixed round runs both). Where nothing was timed (no GPU)
-    it always says yes."""
+    are in; and where requests that accept well finish first, those left that accept little stop too (in a batch of
+    waves the slowest request sets its length). When it says no the batch policy demotes every running request to
+    plain decoding to its end: a round runs one graph (a mixed round runs both). Where nothing was timed (no GPU) it
+    always says yes."""
 
-    def __init__(self, k: int, buckets: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
-        self.k, self.buckets, self.clock = k, tuple(buckets), clock
+    def __init__(self, k: int, buckets: Sequence[int]) -> None:
+        self.k, self.buckets = k, tuple(buckets)
         self.spec_ms: dict[tuple[int, int], float] = {}   # (rows bucket, sampling mode) -> a speculative round
         self.plain_ms: dict[tuple[int, int], float] = {}  # (rows bucket, sampling mode) -> a plain token
-        self.recent: dict[bool, tuple[float, float]] = {}  # greedy? -> (the requests' figure lately, when fed)
         self.chosen: dict[int, int] = {}  # rows bucket -> the k chosen for its last round (0: plain)
 
     def bucket(self, rows: int) -> int:
@@ -253,23 +249,6 @@ class AcceptanceGate:
         self.spec_ms.update(spec_ms)
         self.plain_ms.update(plain_ms)
 
-    def figure(self, accepted: int, rounds: int, greedy: bool) -> float:
-        """What a request with these counts is credited with: its own ``round_tau``, else its kind's recent figure
-        (``PRIOR_TAU`` where there is none or it is older than ``GATE_PROBE_S``)."""
-        own = round_tau(accepted, rounds)
-        if own is not None:
-            return own
-        recent, fed = self.recent.get(greedy, (PRIOR_TAU, -GATE_PROBE_S))
-        return recent if self.clock() - fed <= GATE_PROBE_S else PRIOR_TAU
-
-    def learn(self, accepted: int, rounds: int, greedy: bool) -> None:
-        """A request leaves speculation (demoted, or finished) with these counts: its figure, where known, feeds its
-        kind's recent one."""
-        own = round_tau(accepted, rounds)
-        if own is not None:
-            old = self.recent.get(greedy)
-            self.recent[greedy] = (own if old is None else (1 - GATE_EWMA) * old[0] + GATE_EWMA * own, self.clock())
-
     def costs(self, rows: int, mode: int) -> tuple[float, float] | None:
         """(spec, plain) ms of rounds of ``rows`` rows in sampling ``mode``: its own times, else the nearest lighter
         mode's (a filtered round: the sampled one's); None where not timed."""
@@ -279,9 +258,11 @@ class AcceptanceGate:
                 return self.spec_ms[(b, m)], self.plain_ms[(b, m)]
         return None
 
-    def speculate(self, rows: int, mode: int, taus: Sequence[float]) -> bool:
-        """Whether a round of these ``rows`` requests in sampling ``mode`` (each one's ``figure``) speculates."""
+    def speculate(self, rows: int, mode: int, counts: Sequence[tuple[int, int]]) -> bool:
+        """Whether a round of these ``rows`` requests in sampling ``mode`` speculates (``counts``: each one's accepted
+        drafts and rounds run)."""
         costs, b = self.costs(rows, mode), self.bucket(rows)
+        taus = [PRIOR_TAU if t is None else t for t in (round_tau(a, n) for a, n in counts)]
         tau = sum(taus) / len(taus) if taus else None
         yes = costs is None or tau is None or tau * costs[1] >= MARGIN * costs[0]
         k = self.k if yes else 0

@@ -144,8 +144,6 @@ class Scheduler:
     def release(self, r: Request) -> None:
         """A running request is done: its reservation goes back (the decoder frees its KV and drafter state)."""
         del self.requests[r.request_id]
-        if self.fast.gate is not None and r.request_id not in self.demoted:
-            self.fast.gate.learn(r.accepted, r.rounds, r.params.greedy)
         self.demoted.discard(r.request_id)
         self.local.discard(r.request_id)
         self._exits_logged.pop(r.request_id, None)
@@ -230,9 +228,6 @@ class Scheduler:
         self.speculating = False
         demoted = [rid for rid in self.requests if rid not in self.demoted]
         self.demoted.update(demoted)
-        if self.fast.gate is not None:
-            for r in (self.requests[rid] for rid in demoted):
-                self.fast.gate.learn(r.accepted, r.rounds, r.params.greedy)
         return demoted
 
     def _gate_pays(self) -> bool:
@@ -243,7 +238,7 @@ class Scheduler:
         if gate is None or not live:
             return True
         return gate.speculate(len(live), Mode.of([r.params for r in live]),
-                              [gate.figure(r.accepted, r.rounds, r.params.greedy) for r in live])
+                              [(r.accepted, r.rounds) for r in live])
 
     # ------------------------------------------------------------------ routing
     def route(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,

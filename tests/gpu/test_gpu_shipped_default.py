@@ -135,7 +135,6 @@ def test_the_acceptance_gate_is_timed_at_capture_and_its_demotions_decode_the_sa
     assert _greedy(dec, prompts[:8], lengths[:8]) == plain[8]  # (whatever it chose: float32 rounds cost more)
     assert gate.chosen  # it judged
     demoted = dec.scheduler.rows["demoted"]
-    gate.timed({key: 100.0 * ms for key, ms in gate.spec_ms.items()}, {})
-    gate.recent.clear()  # the next requests are credited with the prior (2.0 tokens a round): too little now
+    gate.timed({key: 100.0 * ms for key, ms in gate.spec_ms.items()}, {})  # the prior, 2.0 tokens a round: too little
     assert _greedy(dec, prompts[:8], lengths[:8]) == plain[8]
     assert dec.scheduler.rows["demoted"] > demoted and gate.chosen[8] == 0
