@@ -105,14 +105,11 @@ def round_split(timer: PhaseTimer) -> dict:
 
 def _chosen_k(decoder, k: int, batch_size: int, greedy: bool) -> int:
     """The k the batch policy chose for rounds of this batch size: by cost (engine/policy.py) the last time it ran
-    one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it, else the
-    acceptance gate's last verdict at this size."""
-    policy, limit, gate = decoder.fast.policy, decoder.config.spec_max_batch, decoder.fast.gate
+    one; by --spec-max-batch, 0 where the batch's load (a sampled request counts twice) is above it."""
+    policy, limit = decoder.fast.policy, decoder.config.spec_max_batch
     if policy is None:  # the max-batch rule (or none)
         over = limit is not None and spec_load([greedy] * batch_size, decoder.scheduler.weight) > limit
-        if decoder.fused_plain is not None and over:
-            return 0
-        return k if gate is None else gate.chosen.get(gate.bucket(batch_size), k)
+        return 0 if decoder.fused_plain is not None and over else k
     return policy.chosen.get(policy.bucket(batch_size), k)
 
 

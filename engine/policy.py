@@ -60,17 +60,6 @@ def spec_load(greedy: Iterable[bool], weight: int = 1) -> int:
     return weight * sum(1 if g else SAMPLED_LOAD for g in greedy)
 
 
-def round_tau(accepted: int, rounds: float) -> float | None:
-    """A request's expected tokens per speculative round from its ``accepted`` drafts over ``rounds`` speculative
-    rounds: None (the prior) until it has ``MIN_ROUNDS`` (a request's first rounds after its prompt often accept
-    little: they must not demote it for good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS``
-    rounds."""
-    if rounds < MIN_ROUNDS:
-        return None
-    own = 1.0 + accepted / rounds
-    return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
-
-
 class SpecPolicy:
     def __init__(self, k: int, buckets: Sequence[int], fallback_max_batch: int) -> None:
         self.k, self.buckets, self.fallback = k, tuple(buckets), fallback_max_batch
@@ -133,8 +122,14 @@ class SpecPolicy:
         self.tau = (1 - TAU_EWMA) * self.tau + TAU_EWMA * tokens_per_row
 
     def request_tau(self, accepted: int, drafted: int) -> float | None:
-        """``round_tau``, its rounds counted by its drafts (k a round)."""
-        return round_tau(accepted, drafted / self.k)
+        """A request's expected tokens per speculative round: None (the prior) until it has drafted ``MIN_ROUNDS``
+        rounds' worth (a request's first rounds after its prompt often accept little: they must not demote it for
+        good), then its own rounds weighed against ``PRIOR_TAU`` as ``PRIOR_ROUNDS`` rounds."""
+        rounds = drafted / self.k
+        if rounds < MIN_ROUNDS:
+            return None
+        own = 1.0 + accepted / rounds
+        return (PRIOR_ROUNDS * PRIOR_TAU + rounds * own) / (PRIOR_ROUNDS + rounds)
 
 
 class SpecGuard:
@@ -213,62 +208,3 @@ class SpecGuard:
         spent, tokens, n = self.spec.get(b, (0.0, 0.0, 0))
         self.since.setdefault(b, self.clock())
         self.spec[b] = (spent + round_ms, tokens + tokens_per_row, n + 1)
-
-
-class AcceptanceGate:
-    """The default rule's check where the drafter drafts inside the round's graph (the EAGLE head, a draft model,
-    the n-gram lookup). Within ``spec_max_batch`` a round of the B requests that would speculate does so only while
-
-        tau * plain(B)  >=  MARGIN * spec(B)
-
-    - ``spec(B)``, ``plain(B)``: the captured graphs' replay times (a speculative round, a plain token) of that rows
-      bucket in the round's sampling mode, timed at capture (``GraphStore.replay_ms_by_mode``);
-    - ``tau``: the mean over those requests of the tokens each committed per round (``round_tau``: its own once it
-      has run ``MIN_ROUNDS`` rounds, each counted whatever it drafted: an n-gram lookup that finds no match drafts
-      nothing and still costs a speculative round), ``PRIOR_TAU`` for a request not known yet: every request is
-      measured on its own rounds (crediting new requests with earlier ones' figures kept a drafter plain for good
-      after one request that accepted little: bench/RESULTS.md, issue 23).
-
-    So a drafter that rarely matches (the n-gram lookup on chat, sampled) stops speculating once its requests' figures
-    are in; and where requests that accept well finish first, those left that accept little stop too (in a batch of
-    waves the slowest request sets its length). When it says no the batch policy demotes every running request to
-    plain decoding to its end: a round runs one graph (a mixed round runs both). Where nothing was timed (no GPU) it
-    always says yes."""
-
-    def __init__(self, k: int, buckets: Sequence[int]) -> None:
-        self.k, self.buckets = k, tuple(buckets)
-        self.spec_ms: dict[tuple[int, int], float] = {}   # (rows bucket, sampling mode) -> a speculative round
-        self.plain_ms: dict[tuple[int, int], float] = {}  # (rows bucket, sampling mode) -> a plain token
-        self.chosen: dict[int, int] = {}  # rows bucket -> the k chosen for its last round (0: plain)
-
-    def bucket(self, rows: int) -> int:
-        return rows_bucket(self.buckets, rows)
-
-    def timed(self, spec_ms: dict[tuple[int, int], float], plain_ms: dict[tuple[int, int], float]) -> None:
-        """The captured graphs' replay times by (rows bucket, sampling mode)."""
-        self.spec_ms.update(spec_ms)
-        self.plain_ms.update(plain_ms)
-
-    def costs(self, rows: int, mode: int) -> tuple[float, float] | None:
-        """(spec, plain) ms of rounds of ``rows`` rows in sampling ``mode``: its own times, else the nearest lighter
-        mode's (a filtered round: the sampled one's); None where not timed."""
-        b = self.bucket(rows)
-        for m in range(mode, -1, -1):
-            if (b, m) in self.spec_ms and (b, m) in self.plain_ms:
-                return self.spec_ms[(b, m)], self.plain_ms[(b, m)]
-        return None
-
-    def speculate(self, rows: int, mode: int, counts: Sequence[tuple[int, int]]) -> bool:
-        """Whether a round of these ``rows`` requests in sampling ``mode`` speculates (``counts``: each one's accepted
-        drafts and rounds run)."""
-        costs, b = self.costs(rows, mode), self.bucket(rows)
-        taus = [PRIOR_TAU if t is None else t for t in (round_tau(a, n) for a, n in counts)]
-        tau = sum(taus) / len(taus) if taus else None
-        yes = costs is None or tau is None or tau * costs[1] >= MARGIN * costs[0]
-        k = self.k if yes else 0
-        if self.chosen.get(b) != k:
-            log.debug("batch policy: rounds of %d rows (bucket %d) %s: tau %s, a speculative round %s ms, a plain "
-                      "token %s ms", rows, b, "speculate" if yes else "decode plainly",
-                      None if tau is None else round(tau, 2), *(costs or (None, None)))
-        self.chosen[b] = k
-        return yes

@@ -30,7 +30,6 @@ from engine.policy import spec_load
 from engine.request import Request
 from engine.rounds.base import Path, Reason, RoundItem, RoundPlan, RoutedRow
 from engine.rounds.fast_path import FastPath
-from engine.rounds.graph_sampling import Mode
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
@@ -61,7 +60,6 @@ class Scheduler:
         self._ids = itertools.count()
         self._reserved_blocks = 0
         self.held = 0  # rounds the queue's head has been held back to gather arrivals (``admit``)
-        self.speculating = True  # the batch policy's last verdict on the running requests (for the metrics)
 
     # ------------------------------------------------------------------ admission
     def _blocks_needed(self, r: Request) -> int:
@@ -196,23 +194,20 @@ class Scheduler:
 
     def apply_batch_policy(self) -> list[str]:
         """With a batch policy: when a round of these requests should not speculate (by default their ``spec_load``, a
-        sampled request counting twice and each its drafter's ``batch_weight``, is above ``spec_max_batch``; or, with
-        the drafter in the graph, the requests not demoted accept too little for a speculative round of their size:
-        engine/policy.py ``AcceptanceGate``; or, with a drafter outside the graph, its rounds at this size were
-        measured not to pay: ``SpecGuard``; with ``--spec-policy cost`` the cost rule, engine/policy.py, and where
-        its sizes were not timed more than ``spec_max_batch`` requests run), every running request decodes plainly
-        to its end; where only the guard says no and the fast path has a local
+        sampled request counting twice and each its drafter's ``batch_weight``, is above ``spec_max_batch``, or, with
+        a drafter outside the graph, its rounds at this size were measured not to pay: engine/policy.py ``SpecGuard``;
+        with ``--spec-policy cost`` the cost rule, engine/policy.py, and where its sizes were not timed more than
+        ``spec_max_batch`` requests run), every
+        running request decodes plainly to its end; where only the guard says no and the fast path has a local
         drafter, the requests not yet with it draft with it to their end instead (``local``). Returns the requests
         demoted or moved now (their outside drafter's state is to be released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
-        self.speculating = True
         if policy is None:
             guard, limit = self.fast.guard, self.config.spec_max_batch  # guard: a drafter outside the graph
             # (n above the limit is over it whatever the load: every request weighs at least 1)
-            greedy = (r.params.greedy for r in self.requests.values())
-            if n <= limit and spec_load(greedy, self.weight) <= limit and self._gate_pays():
+            if n <= limit and spec_load((r.params.greedy for r in self.requests.values()), self.weight) <= limit:
                 if guard is None or guard.speculate(n, clean=not self.demoted and not self.local):
                     return []
                 if self.fast.local is not None:
@@ -225,20 +220,9 @@ class Scheduler:
         elif policy.speculate(n, [policy.request_tau(r.accepted, r.drafted) for rid, r in self.requests.items()
                                   if rid not in self.demoted]):
             return []
-        self.speculating = False
         demoted = [rid for rid in self.requests if rid not in self.demoted]
         self.demoted.update(demoted)
         return demoted
-
-    def _gate_pays(self) -> bool:
-        """The acceptance gate's verdict on the running requests not demoted that draft (engine/policy.py
-        ``AcceptanceGate``; yes without a gate, or with none to judge)."""
-        gate = self.fast.gate
-        live = [r for rid, r in self.requests.items() if rid not in self.demoted and r.params.k != 0]
-        if gate is None or not live:
-            return True
-        return gate.speculate(len(live), Mode.of([r.params for r in live]),
-                              [(r.accepted, r.rounds) for r in live])
 
     # ------------------------------------------------------------------ routing
     def route(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,

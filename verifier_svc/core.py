@@ -83,8 +83,8 @@ def snapshot(engine, loop: RoundLoop) -> dict[str, Any]:
            "prefill_chunks": engine.prefill_chunks}
     if dec.fast.policy is not None:
         out["spec_k"] = dec.fast.policy.last_k
-    elif dec.fast.fused_plain is not None:  # the default rule: its load limit, then the gate or the guard
-        out["spec_k"] = dec.config.k if dec.scheduler.speculating else 0
+    elif dec.fast.guard is not None:
+        out["spec_k"] = dec.config.k if dec.fast.guard.last else 0
     if isinstance(dec.drafter, RemoteDrafter):  # a drafter service this verifier calls (--direct-drafter-address)
         out["draft_calls"], out["draft_call_s"] = dec.drafter.stats(), dec.drafter.call_s
     return out

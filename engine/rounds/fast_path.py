@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.policy import SAMPLED_LOAD, AcceptanceGate, SpecGuard, SpecPolicy
+from engine.policy import SAMPLED_LOAD, SpecGuard, SpecPolicy
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
 from engine.rounds.graph_sampling import Mode
@@ -49,7 +49,6 @@ class FastPath:
         self.next_drafts: dict[str, NextDrafts] = {}
         self.policy: SpecPolicy | None = None  # speculate or not, per round, by cost (engine/policy.py)
         self.guard: SpecGuard | None = None  # the default rule's check on a drafter outside the graph (policy.py)
-        self.gate: AcceptanceGate | None = None  # its check on a drafter in the graph: acceptance against cost
         self.local: "Drafter | None" = None  # the speculative graph's drafter where ``drafter`` is outside it
         if not config.use_fused_rounds:
             return
@@ -73,8 +72,6 @@ class FastPath:
             self.policy = SpecPolicy(self.fused.k, self.fused.store.batch_buckets, config.spec_max_batch)
         if outside and self.fused_plain is not None:  # (the cost rule needs the drafter's graph to time)
             self.guard = SpecGuard(self.fused_plain.store.batch_buckets)
-        elif self.fused is not None and self.fused.k and self.fused_plain is not None and self.policy is None:
-            self.gate = AcceptanceGate(self.fused.k, self.fused.store.batch_buckets)
 
     @property
     def graphs(self) -> list[FusedRounds]:
@@ -88,8 +85,7 @@ class FastPath:
         size where there is no batch policy), the plain graph for every size where a load can pass the limit (the
         requests the policy demotes decode plainly to their end, as their batch shrinks too; a greedy request weighs
         ``weight``, a sampled one ``SAMPLED_LOAD`` times that: 16 sampled ones pass a limit of 16; with a drafter
-        outside the graph, each bucket's replay timed for the guard; with one inside it, at every size: the
-        acceptance gate can demote any batch, each bucket's two graphs timed for it)."""
+        outside the graph, each bucket's replay timed for the guard)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares
@@ -100,12 +96,10 @@ class FastPath:
             n += spec.capture_buckets(max_batch if plain is None else min(spec_max_batch, max_batch), **kw)
         # a load past the limit decodes plainly: more requests than it, or fewer that sample (each weighs more)
         heaviest = max_batch * weight * (1 if modes is not None and set(modes) == {Mode.GREEDY} else SAMPLED_LOAD)
-        if plain is not None and (spec_max_batch < heaviest or self.guard is not None or self.gate is not None):
+        if plain is not None and (spec_max_batch < heaviest or self.guard is not None):
             n += plain.capture_buckets(max_batch, **kw)
         if self.guard is not None:  # what a plain token costs, against the drafter's rounds measured later
             self.guard.timed(plain.replay_ms())
-        if self.gate is not None:  # each bucket's two graphs, against the requests' acceptance
-            self.gate.timed(spec.replay_ms_by_mode(), plain.replay_ms_by_mode())
         return n
 
     def expect(self, plan: RoundPlan) -> None:

@@ -97,15 +97,8 @@ class GraphStore:
         by them, so a plain token's cost), in the first context bucket, greedy, else sampled, by CUDA events, before
         any request ran: every row is padding then (its block table the scratch block), so a replay writes nothing
         but scratch. The cost policy's figures (engine/policy.py); {} where none is captured."""
-        times: dict[int, float] = {}
-        for (rows, mode), ms in sorted(self.replay_ms_by_mode(iters).items(), key=lambda item: -item[0][1]):
-            times[rows] = ms  # greedy last: it wins
-        return times
-
-    def replay_ms_by_mode(self, iters: int = 20) -> dict[tuple[int, int], float]:
-        """``replay_ms`` by (rows bucket, sampling mode): the acceptance gate's figures (engine/policy.py)."""
         times = {}
-        for (rows, ctx, mode), g in self.graphs.items():
+        for (rows, ctx, mode), g in sorted(self.graphs.items(), key=lambda item: -item[0][2]):  # greedy last: wins
             if g.graph is None or ctx != self.context_buckets[0]:
                 continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,7 +108,7 @@ class GraphStore:
                 g.graph.replay()
             end.record()
             end.synchronize()
-            times[(rows, int(mode))] = start.elapsed_time(end) / iters / g.steps
+            times[rows] = start.elapsed_time(end) / iters / g.steps
         return times
 
     @property

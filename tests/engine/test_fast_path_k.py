@@ -132,15 +132,13 @@ def test_a_drafter_without_graph_rounds_is_an_exit(smollm, prompts, plain):
 
 
 def test_the_plain_graphs_a_sampled_load_falls_to_are_built_up_front(smollm):
-    """``capture_rounds`` builds the plain graph wherever a round may decode plainly: four sampled requests (weighing
-    2 each) pass a limit of 4, and four greedy ones that accept too little are demoted by the acceptance gate; they
-    decode plainly in graphs built before requests arrive (not captured mid-run)."""
+    """``capture_rounds`` builds the plain graph wherever a load can pass ``spec_max_batch``: four greedy requests
+    never pass a limit of 4, four sampled ones (weighing 2 each) do, and decode plainly in graphs built before
+    requests arrive (not captured mid-run)."""
     from engine.rounds.graph_sampling import Mode
 
     dec = _fused(smollm, max_batch_size=4, spec_max_batch=4)
-    assert dec.fast.gate is not None
     dec.capture_rounds(modes=[Mode.GREEDY])
-    assert {rows for rows, _, _ in dec.fused.store.graphs} == {rows for rows, _, _ in dec.fused_plain.store.graphs}
-    assert {rows for rows, _, mode in dec.fused_plain.store.graphs if mode == Mode.GREEDY} == {1, 2, 4}
+    assert dec.fused.store.graphs and not dec.fused_plain.store.graphs
     dec.capture_rounds(modes=[Mode.SAMPLED])
-    assert {rows for rows, _, mode in dec.fused_plain.store.graphs if mode == Mode.SAMPLED} == {1, 2, 4}
+    assert {rows for rows, _, _ in dec.fused_plain.store.graphs} == {1, 2, 4}

@@ -10,8 +10,7 @@ import dataclasses
 
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.ngram import NgramDrafter
-from engine.policy import (GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, MIN_ROUNDS, PRIOR_TAU, AcceptanceGate,
-                           SpecGuard, SpecPolicy, round_tau, spec_load)
+from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
 from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 from tests.conftest import make_decoder
@@ -257,61 +256,3 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(sm
     assert last[second].drafted > 0 and last[first].drafted > 4 * (GUARD_ROUNDS + 1)  # drafting went on, locally
     assert dec.scheduler.rows["on_graph"] > 0 and dec.scheduler.rows["demoted"] == 0
     assert local.history._slot == {} and not dec.requests  # every request's history row went back
-
-
-def _gate() -> AcceptanceGate:
-    g = AcceptanceGate(4, BUCKETS)
-    # a speculative round costs 1.2x a plain token greedy at 1-16 rows, 1.5x sampled (mode 1); nothing past 16 rows
-    keys = [(b, m) for b in BUCKETS[:5] for m in (0, 1)]
-    g.timed({(b, m): 1.2 + 0.3 * m for b, m in keys}, {key: 1.0 for key in keys})
-    return g
-
-
-def _at(*taus: float) -> list[tuple[int, int]]:
-    """(accepted, rounds) of requests that committed these tokens a round over 10,000 rounds."""
-    return [(round((t - 1) * 10_000), 10_000) for t in taus]
-
-
-def test_the_gate_speculates_while_the_requests_acceptance_pays_for_the_round():
-    g = _gate()
-    assert g.speculate(4, 0, [(0, 0)] * 4) and g.chosen[4] == 4         # not known: the prior 2.0 against 1.26
-    assert not g.speculate(4, 0, _at(1.2, 1.25, 1.1, 1.3)) and g.chosen[4] == 0
-    assert g.speculate(4, 0, _at(3.0, 3.0, 1.1, 1.1))                    # the mean pays: those that accept carry it
-    assert not g.speculate(2, 0, _at(1.1, 1.1))                          # once they finished, the rest stop
-    assert g.speculate(2, 0, _at(1.1) + [(0, MIN_ROUNDS - 1)])           # one not known yet: the prior
-    assert g.speculate(1, 1, _at(1.6)) and not g.speculate(1, 1, _at(1.5))  # sampled: 1.5 * 1.05 = 1.575
-    assert g.speculate(1, 2, _at(1.6)) and not g.speculate(1, 2, _at(1.5))  # filtered: the sampled round's times
-    assert g.speculate(64, 0, _at(1.0) * 64) and g.speculate(4, 0, [])   # nothing timed, no one to judge: yes
-    assert AcceptanceGate(4, BUCKETS).speculate(1, 0, _at(1.0))          # no GPU: nothing timed
-
-
-def test_round_tau_counts_rounds_not_drafts():
-    assert round_tau(accepted=50, rounds=MIN_ROUNDS - 1) is None
-    assert round_tau(accepted=0, rounds=MIN_ROUNDS) == (2 * PRIOR_TAU + MIN_ROUNDS * 1.0) / (2 + MIN_ROUNDS)
-    assert abs(round_tau(accepted=500, rounds=1000) - 1.5) < 0.01     # an n-gram lookup that often finds nothing
-
-
-def test_the_gate_demotes_requests_whose_drafts_do_not_pay_and_measures_each_new_one(smollm):
-    """n-gram lookup in the fused round with its graphs' times given as a GPU would time them: a speculative round
-    costs 1.5x a plain token, more than these prompts' acceptance (1.1 tokens a round) pays for. The requests
-    speculate until their own figures are in (``MIN_ROUNDS`` rounds), then all decode plainly; the next requests are
-    measured afresh (each speculates until its own figure is in). Where any match pays, they speculate to their end.
-    The output is plain greedy throughout."""
-    prompts = [smollm.tokenizer.encode(t) for t in ("The history of the city of Rome", "Red green blue")]
-    params = SamplingParams(max_tokens=MIN_ROUNDS + 20, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
-    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=8)
-    gate = dec.fast.gate
-    assert gate is not None and dec.fast.policy is None and dec.fast.guard is None
-    gate.timed({(b, 0): 1.5 for b in BUCKETS}, {(b, 0): 1.0 for b in BUCKETS})
-    for _ in range(2):
-        demoted = dec.scheduler.rows["demoted"]
-        got = dec.generate(prompts, params)
-        assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
-        assert all(MIN_ROUNDS <= o.rounds for o in got) and dec.scheduler.rows["demoted"] > demoted
-        assert gate.chosen[2] == 0
-    gate.timed({(b, 0): 1.0 for b in BUCKETS}, {(b, 0): 1.0 for b in BUCKETS})  # now any match pays
-    demoted = dec.scheduler.rows["demoted"]
-    got = dec.generate(prompts, params)
-    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
-    assert dec.scheduler.rows["demoted"] == demoted and gate.chosen[2] == 4 and sum(o.drafted for o in got) > 0

@@ -116,25 +116,3 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one_in
         assert _greedy(dec, prompts[:n], lengths[:n]) == plain[n], n
     assert dec.scheduler.rows["on_graph"] > 0 and dec.scheduler.rows["demoted"] == 0, dec.scheduler.rows
     assert guard.speculate(1, clean=False) is False
-
-
-def test_the_acceptance_gate_is_timed_at_capture_and_its_demotions_decode_the_same(f32, reference):
-    """The shipped settings (the EAGLE head drafting in the graph): capture times both graphs of every rows bucket
-    up to ``spec_max_batch``, greedy and sampled, for the acceptance gate (engine/policy.py ``AcceptanceGate``); where
-    its figures say a speculative round costs more than any acceptance pays for, the requests decode plainly from
-    their first round; output is plain greedy either way."""
-    prompts, lengths, plain = reference
-    dec = _decoder(f32, EngineSettings(**NUMERICS))
-    gate = dec.fast.gate
-    assert gate is not None and dec.fast.policy is None
-    dec.capture_rounds()
-    for b in (1, 2, 4, 8, 16):
-        for mode in (0, 1):
-            spec, token = gate.costs(b, mode)
-            assert spec > 0 and token > 0, (b, mode)
-    assert _greedy(dec, prompts[:8], lengths[:8]) == plain[8]  # (whatever it chose: float32 rounds cost more)
-    assert gate.chosen  # it judged
-    demoted = dec.scheduler.rows["demoted"]
-    gate.timed({key: 100.0 * ms for key, ms in gate.spec_ms.items()}, {})  # the prior, 2.0 tokens a round: too little
-    assert _greedy(dec, prompts[:8], lengths[:8]) == plain[8]
-    assert dec.scheduler.rows["demoted"] > demoted and gate.chosen[8] == 0
