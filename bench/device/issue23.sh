@@ -8,8 +8,10 @@
 # G: the GPU tests of n-gram fused rounds, then the greedy round profiles again (n-gram, EAGLE head, plain).
 # T: the issue's table, one dataset a call (DATASET=humaneval or sharegpt): tandem bench none,auto,ngram at bs 1, 4,
 #    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
-#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`); PIPE=N: and this tree with --pipeline-max-batch N
-#    at bs 16 and 64, greedy; BS=1,4: those batch sizes only.
+#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`; PREV=path: and that tree before it, tagged -prev, at
+#    PREV_BS, default BS);
+#    TREE_S: each tree's time limit (default 290 s); PIPE=N: and this tree with --pipeline-max-batch N at bs 16 and 64,
+#    greedy; BS=1,4: those batch sizes only.
 # V: rounds launched ahead through rows finishing (chained rows compacted, room counted down on the device): the GPU
 #    tests of rounds launched ahead, then tandem bench at bs 1, 4, 16, 64, greedy, speculation at every size
 #    (--spec-max-batch 64) and plain, HumanEval 64 prompts: BASE=path's tree, then this one.
@@ -57,10 +59,10 @@ case "${PART:-P}" in
     done ;;
   T)
     ds=${DATASET:-humaneval}
-    for tree in . ${BASE:-}; do
-      tag=$([ "$tree" = . ] && echo "$name-$ds" || echo "$name-$ds-base")
-      (cd "$tree" && timeout 290 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
-        --batch-sizes "${BS:-1,4,16,64}" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
+    for tree in . ${PREV:-} ${BASE:-}; do
+      tag=$name-$ds$([ "$tree" = . ] || { [ "$tree" = "${PREV:-}" ] && echo -prev || echo -base; })
+      (cd "$tree" && timeout "${TREE_S:-290}" python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
+        --batch-sizes "$([ "$tree" = "${PREV:-}" ] && echo "${PREV_BS:-${BS:-1,4,16,64}}" || echo "${BS:-1,4,16,64}")" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done
