@@ -18,8 +18,8 @@ Capabilities are declared as attributes, never inferred from names:
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
   ``propose``) can go on in fused rounds from here.
 - ``batch_weight``: what a greedy request drafting with it weighs against ``--spec-max-batch`` (engine/policy.py
-  ``spec_load``): 2 where its rounds pay for half as many rows (the n-gram lookup's 1.5 tokens a round against the
-  EAGLE head's 2.1-2.6; a drafter service's rounds cross two RPCs), else 1.
+  ``spec_load``): more where its rounds pay for fewer rows: 3 for the n-gram lookup (1.25-1.6 tokens a round
+  against the EAGLE head's 2.1-2.6), 2 for a drafter service (its rounds cross two RPCs), else 1.
 - ``primes``: (with ``graph_rounds``) ``prime(requests)`` catches the drafter's state up on each request's
   committed tokens without drafting and without waiting on the GPU; ``graph_ready`` then holds, and the request
   enters a fused round verifying no drafts: that round drafts its first k. A drafter without it makes a request's

@@ -22,7 +22,7 @@ class NgramDrafter:
     name = "ngram"
     deterministic = True
     primes = False  # its first drafts, a host lookup, cost no forward
-    batch_weight = 2  # 1.5-1.6 tokens a round: a round of 16 rows does not pay in waves (bench/RESULTS.md, issue 23)
+    batch_weight = 3  # 1.25-1.6 tokens a round: 16 rows greedy or 4 sampled do not pay in waves (bench/RESULTS.md)
     target_features: tuple[int, ...] = ()
     feature_size = 0
 

@@ -115,15 +115,15 @@ def test_the_default_rule_counts_a_sampled_request_twice(smollm):
     assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
 
 
-def test_a_request_drafting_n_grams_weighs_twice(smollm):
-    """The n-gram lookup's ``batch_weight`` 2 (its rounds pay for half as many rows): with ``spec_max_batch`` 4 two
-    greedy requests speculate, four (load 8) decode plainly, as a drafter service's would; the EAGLE head weighs 1."""
+def test_a_request_drafting_n_grams_weighs_three(smollm):
+    """The n-gram lookup's ``batch_weight`` 3 (its rounds pay for a third as many rows): with ``spec_max_batch`` 6 two
+    greedy requests speculate, four (load 12) decode plainly; the EAGLE head weighs 1."""
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
     assert spec_load([True, False], 2) == 6
-    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
-    assert dec.scheduler.weight == 2 and make_decoder(smollm, "auto", k=4).scheduler.weight == 1
+    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=6)
+    assert dec.scheduler.weight == 3 and make_decoder(smollm, "auto", k=4).scheduler.weight == 1
     got = dec.generate(prompts[:2], greedy)
     assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
     got = dec.generate(prompts, greedy)
