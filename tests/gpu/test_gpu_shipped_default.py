@@ -107,7 +107,9 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one_in
     prompts, lengths, plain = reference
     config = EngineSettings(**NUMERICS).engine_config()
     local = build_drafter(DraftSpec.parse("ngram"), f32, config)
-    dec = SpecDecoder(ModelRunner(f32.model, config), f32.tokenizer, config, NgramDrafter(), local=local)
+    outside = NgramDrafter()
+    outside.batch_weight = 2  # what a drafter service weighs (verifier_svc/remote_drafter.py): 8 requests speculate
+    dec = SpecDecoder(ModelRunner(f32.model, config), f32.tokenizer, config, outside, local=local)
     assert dec.fast.local is local and dec.fused.k and dec.fast.guard is not None
     dec.capture_rounds()
     guard = dec.fast.guard
