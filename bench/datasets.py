@@ -20,6 +20,8 @@ from typing import Iterator, Literal
 from engine.assets import HUMANEVAL, SHAREGPT, wheel_path
 
 SHAREGPT_EVAL_START = 16000
+DATASETS = ("sharegpt", "humaneval")
+MAX_SHAREGPT_CHARS = 2000  # a ShareGPT first user turn this long or longer is skipped
 _CHUNK = 1 << 20
 
 
@@ -109,3 +111,21 @@ def humaneval() -> list[HumanEvalProblem]:
         data = gzip.decompress(zf.read(HUMANEVAL.member)).decode("utf-8")
     rows = [json.loads(line) for line in data.splitlines() if line.strip()]
     return [HumanEvalProblem(task_id=r["task_id"], prompt=r["prompt"]) for r in rows]
+
+
+def held_out_prompts(name: str, tokenizer, num: int) -> list[list[int]]:
+    """The first ``num`` prompts of a dataset that no drafter was trained on, as token ids: HumanEval's raw prompts
+    (code completion, no chat template); ShareGPT's first user turns under ``MAX_SHAREGPT_CHARS`` characters from
+    index ``SHAREGPT_EVAL_START`` on, through the model's chat template (training reads below it)."""
+    if name == "humaneval":
+        return [tokenizer.encode(p.prompt) for p in humaneval()[:num]]
+    if name == "sharegpt":
+        out: list[list[int]] = []
+        for conv in sharegpt(split="eval"):
+            if len(out) == num:
+                break
+            text = conv.first_user_text
+            if text and len(text) < MAX_SHAREGPT_CHARS:
+                out.append(tokenizer.encode_chat([{"role": "user", "content": text}]))
+        return out
+    raise ValueError(f"dataset: unknown {name!r} ({', '.join(DATASETS)})")

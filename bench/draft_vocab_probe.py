@@ -41,7 +41,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="eval-draft new tokens per prompt")
     args = p.parse_args()
     from bench.datasets import humaneval, sharegpt
-    from bench.eval_draft import EvalCase, eval_prompts, run_case
+    from bench.datasets import held_out_prompts
+    from bench.eval_draft import EvalCase, run_case
     from engine.assets import default_model_path
     from engine.config import EngineConfig
     from engine.drafters import DraftSpec, build_drafter
@@ -67,7 +68,7 @@ def main() -> None:
     config = EngineConfig(k=4, max_batch_size=args.num_prompts, spec_max_batch=None)
     runner = ModelRunner(model.model, config)
     drafter = build_drafter(DraftSpec.parse("auto"), model, config)
-    prompts = {ds: eval_prompts(ds, model.tokenizer, args.num_prompts) for ds in ("humaneval", "sharegpt")}
+    prompts = {ds: held_out_prompts(ds, model.tokenizer, args.num_prompts) for ds in ("humaneval", "sharegpt")}
     full = eagle.EagleHead.compute_logits
     for n in [0] + sizes:
         print(f"== draft vocabulary: {'all' if n == 0 else f'top {n}'}", flush=True)

@@ -15,11 +15,10 @@ Measures, per case (drafter, dataset, temperature, k), on the same prompts and s
 "accepted + 1" counts the recovered or bonus token of the round even where a stop rule
 (EOS) cut the round's tokens short; ``tokens`` are the output tokens actually committed.
 
-Prompts are held out from anything a drafter may be trained on: ShareGPT conversations with
-index >= 16000 (``sharegpt(split="eval")``), first user turn under 2,000 characters, one
-user message through the model's chat template (as ``bench.run.dataset_prompts`` renders
-the training split); HumanEval prompts as raw text, no template. Every request gets
-``seed + prompt index`` as its seed, whatever the drafter, temperature or k, so sampled
+Prompts are held out from anything a drafter may be trained on (``bench.datasets.held_out_prompts``, as
+``tandem bench`` takes them): ShareGPT conversations with index >= 16000, first user turn under 2,000
+characters, one user message through the model's chat template; HumanEval prompts as raw text, no template.
+Every request gets ``seed + prompt index`` as its seed, whatever the drafter, temperature or k, so sampled
 cases reproduce exactly and drafters are compared on the same random streams.
 
 The target and its KV cache are built once; each drafter is built once and reused across
@@ -40,8 +39,6 @@ from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 from engine.tokenizer import Tokenizer
 
-DATASETS = ("sharegpt", "humaneval")
-MAX_SHAREGPT_CHARS = 2000  # the same cut as bench.run.dataset_prompts
 
 ACCEPTANCE_DEFINITION = (
     "acceptance length = mean over rounds that had drafts of (accepted + 1), i.e. tokens committed per "
@@ -54,24 +51,6 @@ class EvalCase:
     dataset: str
     temperature: float
     k: int
-
-
-def eval_prompts(name: str, tokenizer: Tokenizer, num: int) -> list[list[int]]:
-    """The first ``num`` held-out prompts of a dataset, as token ids."""
-    from bench.datasets import humaneval, sharegpt
-
-    if name == "humaneval":  # code completion: the raw prompt, no chat template
-        return [tokenizer.encode(p.prompt) for p in humaneval()[:num]]
-    if name == "sharegpt":  # index >= 16000 only: never seen by drafter training
-        out: list[list[int]] = []
-        for conv in sharegpt(split="eval"):
-            if len(out) == num:
-                break
-            text = conv.first_user_text
-            if text and len(text) < MAX_SHAREGPT_CHARS:
-                out.append(tokenizer.encode_chat([{"role": "user", "content": text}]))
-        return out
-    raise ValueError(f"dataset: unknown {name!r} ({', '.join(DATASETS)})")
 
 
 @dataclass

@@ -40,23 +40,6 @@ class BenchCase:
                               # continuous: the next prompt arrives as soon as one finishes (a server's batch)
 
 
-def dataset_prompts(name: str, tokenizer, num: int) -> list[list[int]]:
-    from bench.datasets import humaneval, sharegpt
-
-    if name == "humaneval":  # code completion: the raw prompt, no chat template
-        return [tokenizer.encode(p.prompt) for p in humaneval()[:num]]
-    if name == "sharegpt":  # training split only; >= 16000 is reserved for evaluation
-        out = []
-        for conv in sharegpt(split="train"):
-            text = conv.first_user_text
-            if text and len(text) < 2000:
-                out.append(tokenizer.encode_chat([{"role": "user", "content": text}]))
-            if len(out) == num:
-                break
-        return out
-    raise ValueError(f"dataset: unknown {name!r} (sharegpt, humaneval)")
-
-
 def engine_name(draft: str) -> str:
     return "tandem-plain" if draft == "none" else f"tandem-spec-{draft}"
 

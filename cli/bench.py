@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True, help="results name (bench/results/NAME.json, .md, .png)")
     p.add_argument("--dataset", type=_csv(str), default=["sharegpt", "humaneval"],
-                   help="sharegpt (index < 16000),humaneval (default both)")
+                   help="sharegpt (held out from drafter training: index >= 16000),humaneval (default both)")
     p.add_argument("--num-prompts", type=int, default=16, help="prompts per dataset (default 16)")
     p.add_argument("--batch-sizes", type=_csv(int), default=[1, 4, 16, 64], help="comma-separated (default 1,4,16,64)")
     p.add_argument("--drafts", type=_csv(str), default=["none", "auto", "ngram"],
@@ -95,7 +95,8 @@ def _floor(model, gpu: str | None, override: float | None) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from bench.load import markdown as load_markdown
-    from bench.run import add_speedups, dataset_prompts, environment, markdown
+    from bench.datasets import held_out_prompts
+    from bench.run import add_speedups, environment, markdown
     from engine.models.loader import load_model, model_source
 
     for name in ("num_prompts", "max_tokens"):
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if hf_names and meta.synthetic:
         raise ValueError("--baselines: transformers needs real weights; pass --baselines none (or vLLM's) with a "
                          "synthetic: model")
-    prompts = {ds: dataset_prompts(ds, meta.tokenizer, args.num_prompts) for ds in args.dataset}
+    prompts = {ds: held_out_prompts(ds, meta.tokenizer, args.num_prompts) for ds in args.dataset}
     for ds, got in prompts.items():  # a dataset smaller than asked for: said here (the rows record num_prompts)
         if len(got) < args.num_prompts:
             print(f"bench: --num-prompts {args.num_prompts}: {ds} has {len(got)} prompts; each run takes those",

@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--concurrency", type=_csv(int), default=[1, 8, 64], help="streams at once (default 1,8,64)")
     p.add_argument("--rate", type=float, help="Poisson arrivals at this many requests/s instead of fixed concurrency")
     p.add_argument("--dataset", default="humaneval", choices=["humaneval", "sharegpt"],
-                   help="prompt set (default humaneval; sharegpt: training split only)")
+                   help="prompt set, held out from drafter training (default humaneval; sharegpt: index >= 16000)")
     p.add_argument("--num-prompts", type=int, default=0,
                    help="requests per run (default 0: 4 x concurrency, at least 16; prompts repeat if fewer)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (EOS ignored; default 128)")
@@ -98,7 +98,8 @@ def _in_process(args, settings, prompts_for, model_spec: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.run import dataset_prompts, environment
+    from bench.datasets import held_out_prompts
+    from bench.run import environment
     from bench.serve_load import Load, run_load
     from bench.servers import ServerOptions, start
     from engine.assets import default_model_path
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     model_spec = settings.model or str(default_model_path())
     most = max(args.num_prompts or 0, 4 * max(args.concurrency), 16)
     tokenizer = load_model(model_spec, load_weights=False, progress=False).tokenizer
-    pool = dataset_prompts(args.dataset, tokenizer, most)
+    pool = held_out_prompts(args.dataset, tokenizer, most)
     prompts_for = lambda c: _prompts(pool, args.num_prompts or max(16, 4 * c))  # noqa: E731
     env = environment()
     rows = _in_process(args, settings, prompts_for, model_spec) if args.in_process else []

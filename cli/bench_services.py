@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
         "bench-services", help="measure the per-round cost of split vs co-located serving",
         description="Start the real stack for each configuration (co-located; split with the verifier calling its "
                     "drafter (--direct-draft); split with early drafts; split "
-                    "without), run waves of concurrent greedy requests (ShareGPT prompts, training split) and "
+                    "without), run waves of concurrent greedy requests (held-out ShareGPT prompts, index >= 16000) and "
                     "report per-round times from the gateway's own metrics. Writes bench/results/<name>.json.")
     p.add_argument("--name", required=True, help="results name (bench/results/NAME.json)")
     p.add_argument("--draft", default="ngram", help="drafter for every configuration (default ngram)")
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.services import ServiceCase, markdown, run_case
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
-    prompts = [c.first_user_text for c in sharegpt(split="train", limit=400)
+    prompts = [c.first_user_text for c in sharegpt(split="eval", limit=400)
                if c.first_user_text and len(c.first_user_text) < 1500][: max(sizes) * args.waves]
     env = environment()
     rows = []

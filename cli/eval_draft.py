@@ -11,7 +11,7 @@ from pathlib import Path
 from cli.options import add_engine_args, engine_settings
 
 DEFAULT_DRAFTS = ("ngram", "layerskip:4")
-DATASETS = ("sharegpt", "humaneval")  # bench.eval_draft.DATASETS (not imported: `--help` stays light)
+DATASETS = ("sharegpt", "humaneval")  # bench.datasets.DATASETS (not imported: `--help` stays light)
 MAX_K = 32  # EngineConfig.max_k's ceiling
 
 DESCRIPTION = """\
@@ -137,7 +137,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bench.eval_draft import EvalCase, eval_prompts, report, run_case
+    from bench.datasets import held_out_prompts
+    from bench.eval_draft import EvalCase, report, run_case
     from bench.run import environment
     from engine.drafters import DraftSpec, build_drafter
     from engine.models.loader import load_model, model_source
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     path = model_source(settings.model)
     model = load_model(path, device=config.device, dtype=config.torch_dtype)
     runner = ModelRunner(model.model, config)  # the target's KV cache, shared by every case
-    prompts = {ds: eval_prompts(ds, model.tokenizer, args.num_prompts) for ds in datasets}
+    prompts = {ds: held_out_prompts(ds, model.tokenizer, args.num_prompts) for ds in datasets}
     for ds, ps in prompts.items():
         if not ps:
             raise ValueError(f"dataset: {ds} has no prompts")

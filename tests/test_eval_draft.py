@@ -112,15 +112,14 @@ def test_help_explains_flags_and_the_definition(capsys):
 
 
 def test_held_out_prompts_and_table_layout(smollm):
-    from bench.datasets import SHAREGPT_EVAL_START, humaneval, sharegpt
-    from bench.eval_draft import eval_prompts
+    from bench.datasets import SHAREGPT_EVAL_START, held_out_prompts, humaneval, sharegpt
 
     first = next(c for c in sharegpt(split="eval") if c.first_user_text and len(c.first_user_text) < 2000)
     assert first.index >= SHAREGPT_EVAL_START
-    [ids] = eval_prompts("sharegpt", smollm.tokenizer, 1)
+    [ids] = held_out_prompts("sharegpt", smollm.tokenizer, 1)
     assert ids == smollm.tokenizer.encode_chat([{"role": "user", "content": first.first_user_text}])
-    assert eval_prompts("humaneval", smollm.tokenizer, 2) == [smollm.tokenizer.encode(p.prompt)
-                                                              for p in humaneval()[:2]]
+    assert held_out_prompts("humaneval", smollm.tokenizer, 2) == [smollm.tokenizer.encode(p.prompt)
+                                                                  for p in humaneval()[:2]]
 
     row = {"drafter": "ngram", "dataset": "humaneval", "acceptance_length": 2.5, "accepted_per_draft": 0.375}
     table = markdown([{**row, "temperature": 0.0, "k": 4}, {**row, "drafter": "x", "temperature": 0.7, "k": 2,

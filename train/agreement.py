@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from bench.eval_draft import EvalCase, eval_prompts, run_case
+from bench.datasets import held_out_prompts
+from bench.eval_draft import EvalCase, run_case
 from engine.assets import default_model_path
 from engine.config import EngineConfig
 from engine.drafters.eagle import EagleDrafter
@@ -65,7 +66,7 @@ def main() -> None:
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     target = load_model(default_model_path(), device=args.device, dtype=dtype)
     tok, n = target.tokenizer, args.prompts
-    prompts = eval_prompts("sharegpt", tok, n)
+    prompts = held_out_prompts("sharegpt", tok, n)
     answers = corpus.generate(target.model, prompts, tok.eos_token_ids, args.max_tokens, 0.0, batch_size=n, seed=0)
     seqs = [list(q) + a for q, a in zip(prompts, answers)]
     tokens = torch.zeros(n, max(map(len, seqs)), dtype=torch.long)

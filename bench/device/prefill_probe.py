@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from bench.run import dataset_prompts  # noqa: E402
+from bench.datasets import held_out_prompts  # noqa: E402
 from engine.runner import Chunk  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main() -> int:
     dec = built.decoder
     dec.capture_prefills()
     runner, aux = dec.target, dec.feature_layers
-    pool = dataset_prompts("humaneval", built.target.tokenizer, 64)
+    pool = held_out_prompts("humaneval", built.target.tokenizer, 64)
     seqs = iter(range(10**9))
 
     def prefill(prompts) -> tuple[float, float]:

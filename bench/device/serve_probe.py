@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.run import dataset_prompts  # noqa: E402
+from bench.datasets import held_out_prompts  # noqa: E402
 from engine.config import SamplingParams  # noqa: E402
 from verifier_svc.serving import Admit, Outcome, RoundLoop  # noqa: E402
 
@@ -189,7 +189,7 @@ def main() -> int:
     engine = VerifierEngine(built.decoder, settings.lease_s)
     warm_up(engine)
     dec = engine.decoder
-    pool = dataset_prompts("humaneval", built.target.tokenizer, args.num_prompts)
+    pool = held_out_prompts("humaneval", built.target.tokenizer, args.num_prompts)
     prompts = [pool[i % len(pool)] for i in range(args.num_prompts)]
     rl = RoundLoop(dec, ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-engine"))
     runs = {"step": lambda: run_step(dec, prompts, args.concurrency, args.max_tokens),
