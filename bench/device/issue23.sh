@@ -61,8 +61,9 @@ case "${PART:-P}" in
     ds=${DATASET:-humaneval}
     for tree in . ${PREV:-} ${BASE:-}; do
       tag=$name-$ds$([ "$tree" = . ] || { [ "$tree" = "${PREV:-}" ] && echo -prev || echo -base; })
+      bs=${BS:-1,4,16,64}; [ "$tree" = "${PREV:-}" ] && bs=${PREV_BS:-$bs}
       (cd "$tree" && timeout "${TREE_S:-290}" python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
-        --batch-sizes "$([ "$tree" = "${PREV:-}" ] && echo "${PREV_BS:-${BS:-1,4,16,64}}" || echo "${BS:-1,4,16,64}")" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
+        --batch-sizes "$bs" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done
