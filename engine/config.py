@@ -133,9 +133,9 @@ class EngineConfig:
     max_round_tokens: int | None = None  # tokens per target forward; prompts beyond it are prefilled in chunks
     cuda_graphs: bool | None = None  # plain decode steps through captured graphs; None: on for cuda, off for cpu
     fused_rounds: bool | None = None  # rounds as one graph each (engine/rounds/fused.py); None: with cuda_graphs
-    # fused rounds speculate only while the running requests weigh at most this (a greedy one 1, a sampled one 2:
-    # engine/policy.py's spec_load): a request running while more do decodes plainly to its end (a verify of k + 1 tokens
-    # per row costs more there than the drafts save); None: always
+    # fused rounds speculate only while the running requests weigh at most this (a greedy one 1, a sampled one 2,
+    # each times the drafter's batch_weight: engine/policy.py's spec_load): a request running while more do decodes
+    # plainly to its end (a verify of k + 1 tokens per row costs more there than the drafts save); None: always
     spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 16
     # with a batch policy (spec_max_batch set): "max-batch", the rule above; "cost", per round by the measured cost
     # of a round at this batch size and the requests' acceptance (engine/policy.py; experimental: it misjudged

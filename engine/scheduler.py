@@ -197,10 +197,10 @@ class Scheduler:
         sampled request counting twice and each its drafter's ``batch_weight``, is above ``spec_max_batch``, or, with
         a drafter outside the graph, its rounds at this size were measured not to pay: engine/policy.py ``SpecGuard``;
         with ``--spec-policy cost`` the cost rule, engine/policy.py, and where its sizes were not timed more than
-        ``spec_max_batch`` requests run), every
-        running request decodes plainly to its end; where only the guard says no and the fast path has a local
-        drafter, the requests not yet with it draft with it to their end instead (``local``). Returns the requests
-        demoted or moved now (their outside drafter's state is to be released)."""
+        ``spec_max_batch`` requests run), every running request decodes plainly to its end; where only the guard
+        says no and the fast path has a local drafter, the requests not yet with it draft with it to their end
+        instead (``local``). Returns the requests demoted or moved now (their outside drafter's state is to be
+        released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []

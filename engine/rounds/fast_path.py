@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.policy import SAMPLED_LOAD, SpecGuard, SpecPolicy
+from engine.policy import SpecGuard, SpecPolicy, spec_load
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
 from engine.rounds.graph_sampling import Mode
@@ -84,7 +84,7 @@ class FastPath:
         replay timed for the policy. Else the speculative graph for rounds of up to ``spec_max_batch`` rows (every
         size where there is no batch policy), the plain graph for every size where a load can pass the limit (the
         requests the policy demotes decode plainly to their end, as their batch shrinks too; a greedy request weighs
-        ``weight``, a sampled one ``SAMPLED_LOAD`` times that: 16 sampled ones pass a limit of 16; with a drafter
+        ``weight``, a sampled one ``policy.SAMPLED_LOAD`` times that: 16 sampled ones pass a limit of 16; with a drafter
         outside the graph, each bucket's replay timed for the guard)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
@@ -95,7 +95,7 @@ class FastPath:
         if spec is not None:
             n += spec.capture_buckets(max_batch if plain is None else min(spec_max_batch, max_batch), **kw)
         # a load past the limit decodes plainly: more requests than it, or fewer that sample (each weighs more)
-        heaviest = max_batch * weight * (1 if modes is not None and set(modes) == {Mode.GREEDY} else SAMPLED_LOAD)
+        heaviest = spec_load([modes is not None and set(modes) == {Mode.GREEDY}] * max_batch, weight)
         if plain is not None and (spec_max_batch < heaviest or self.guard is not None):
             n += plain.capture_buckets(max_batch, **kw)
         if self.guard is not None:  # what a plain token costs, against the drafter's rounds measured later
