@@ -107,10 +107,11 @@ def _policy(decoder, batch_size: int) -> dict | None:
 
 
 def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts: Sequence[Sequence[int]],
-             max_tokens: int, seed: int, request_k: int | None = None) -> dict:
+             max_tokens: int, seed: int, request_k: int | None = None, min_seconds: float = 0.0) -> dict:
     """All prompts, ``case.batch_size`` at a time (``case.admission``: in waves arriving together, or each next one
     as soon as one finishes); EOS ignored. ``request_k``: the k each request asks for (SamplingParams.k; None: the
-    engine's)."""
+    engine's). ``min_seconds``: the prompts again, as they came the first time (same waves, same seeds), until this
+    long has passed: a case of a fraction of a second reads one run's noise."""
     cfg = dataclasses.replace(config, k=0 if case.draft == "none" else config.k,
                               max_batch_size=max(config.max_batch_size, case.batch_size))
     decoder, timer = _timed_decoder(model, cfg, case.draft)
@@ -126,30 +127,35 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     timer.marks.clear()
     reset_peak_memory()
     clock = TokenClock()
-    tokens = rounds = committed = 0
-    start = now_synced()
+    tokens = rounds = committed = passes = 0
     waves = case.admission == "waves"
-    queue = iter(range(len(prompts)))
+    wave_rounds: list[list[int]] = []  # waves: each wave's requests' rounds
+    start = now_synced()
+    while passes == 0 or now_synced() - start < min_seconds:
+        queue = iter(range(len(prompts)))
 
-    def arrive(n: int, at: float) -> None:
-        for j in itertools.islice(queue, n):
-            clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{j}"), at)
+        def arrive(n: int, at: float) -> None:
+            for j in itertools.islice(queue, n):
+                clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{passes}-{j}"), at)
 
-    while True:
-        arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
-        if not decoder.has_unfinished():
-            break
-        while decoder.has_unfinished():
-            outs = decoder.step()
-            now = time.perf_counter()  # step() ended on the round's host sync: its tokens exist
-            for o in outs:
-                clock.tokens(o.request_id, len(o.new_token_ids), now)
-                tokens += len(o.new_token_ids)
-                if o.finished:
-                    rounds += o.rounds
-                    committed += o.accepted + o.rounds
-                    if not waves:
-                        arrive(1, now)
+        while True:
+            arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
+            if not decoder.has_unfinished():
+                break
+            wave_rounds.append([])
+            while decoder.has_unfinished():
+                outs = decoder.step()
+                now = time.perf_counter()  # step() ended on the round's host sync: its tokens exist
+                for o in outs:
+                    clock.tokens(o.request_id, len(o.new_token_ids), now)
+                    tokens += len(o.new_token_ids)
+                    if o.finished:
+                        rounds += o.rounds
+                        committed += o.accepted + o.rounds
+                        wave_rounds[-1].append(o.rounds)
+                        if not waves:
+                            arrive(1, now)
+        passes += 1
     elapsed = now_synced() - start
     fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
@@ -168,6 +174,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
+            "passes": passes, "wave_tail": wave_tail(wave_rounds) if waves else None,
             **clock.summary(), "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
     # the decoder (KV caches, graph pools) holds cycles through its timed wrappers: free it before the next case
     del decoder, timer
@@ -175,6 +182,15 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
+
+
+def wave_tail(waves: Sequence[Sequence[int]]) -> float | None:
+    """How much longer the waves ran than their requests' mean: the rounds of each wave's slowest request over the
+    mean rounds of its requests, summed over the waves (1.0: every request took as many rounds as the others of its
+    wave, as plain decoding's do; a wave of speculating requests waits for the one that accepted least)."""
+    waves = [w for w in waves if w]
+    mean = sum(sum(w) / len(w) for w in waves)
+    return round(sum(max(w) for w in waves) / mean, 3) if mean else None
 
 
 def add_speedups(rows: list[dict]) -> list[dict]:
@@ -190,7 +206,7 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
-            "acceptance_length", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms",
+            "acceptance_length", "wave_tail", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms",
             "draft_ms", "fused_ms", "host_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]

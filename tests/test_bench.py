@@ -123,6 +123,39 @@ def test_bench_admits_prompts_continuously(tmp_path):
     assert "| continuous |" in (tmp_path / "cont.md").read_text()
     assert main(["bench", "--name", "x", "--admission", "all-at-once", "--baselines", "none", "--device", "cpu",
                  "--out-dir", str(tmp_path)]) != 0
+    assert main(["bench", "--name", "x", "--min-seconds", "-1", "--baselines", "none", "--device", "cpu",
+                 "--out-dir", str(tmp_path)]) != 0
+
+
+def test_wave_tail_is_each_waves_slowest_request_over_its_mean():
+    from bench.run import wave_tail
+
+    assert wave_tail([[64, 64], [64]]) == 1.0                   # plain: every request as many rounds as the others
+    assert wave_tail([[40, 60], [50, 50]]) == pytest.approx((60 + 50) / (50 + 50))
+    assert wave_tail([[30, 30, 30, 90]]) == 2.0                 # one slow request holds a wave of four
+    assert wave_tail([]) is None and wave_tail([[]]) is None
+
+
+def test_min_seconds_runs_the_prompts_again_until_the_time_has_passed(smollm):
+    """--min-seconds: the same prompts, waves and seeds again until that long has passed; every pass streams all
+    its tokens, the row says how many passes ran, and each wave's tail counts its own requests."""
+    from bench.run import BenchCase, run_case
+    from engine.config import EngineConfig
+
+    texts = ("Count from one to twenty.", "Write a poem about the sea.", "List three colors.")
+    prompts = [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    config = EngineConfig(kv_cache_tokens=8192)
+    once = run_case(smollm, config, BenchCase("ngram", 2, 0.0), prompts, 12, 0)
+    assert once["passes"] == 1 and once["output_tokens"] == 3 * 12 and once["wave_tail"] >= 1.0
+    again = run_case(smollm, config, BenchCase("ngram", 2, 0.0), prompts, 12, 0, min_seconds=2.5 * once["elapsed_s"])
+    assert again["passes"] >= 2 and again["elapsed_s"] >= 2.5 * once["elapsed_s"]
+    assert again["output_tokens"] == again["passes"] * 3 * 12
+    assert again["acceptance_length"] == once["acceptance_length"]  # greedy: each pass the same rounds
+    assert again["wave_tail"] == once["wave_tail"]
+    plain = run_case(smollm, config, BenchCase("none", 2, 0.0), prompts, 12, 0)
+    assert plain["wave_tail"] == 1.0
+    cont = run_case(smollm, config, BenchCase("none", 2, 0.0, "continuous"), prompts, 12, 0)
+    assert cont["wave_tail"] is None and cont["passes"] == 1
 
 
 def test_bench_imports_nothing_from_cli():

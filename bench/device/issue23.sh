@@ -10,7 +10,8 @@
 #    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
 #    call; carry it: `git archive 07c691b | tar -x -C .carry/base`; PREV=path: and that tree before it, tagged -prev, at
 #    PREV_BS, default BS);
-#    TREE_S: each tree's time limit (default 290 s); PIPE=N: and this tree with --pipeline-max-batch N at bs 16 and 64,
+#    TREE_S: each tree's time limit (default 290 s); MIN_S=S: this tree's cases repeated to S seconds (--min-seconds;
+#    the other trees' bench has no such flag); PIPE=N: and this tree with --pipeline-max-batch N at bs 16 and 64,
 #    greedy; BS=1,4: those batch sizes only.
 # V: rounds launched ahead through rows finishing (chained rows compacted, room counted down on the device): the GPU
 #    tests of rounds launched ahead, then tandem bench at bs 1, 4, 16, 64, greedy, speculation at every size
@@ -62,10 +63,11 @@ case "${PART:-P}" in
     for tree in . ${PREV:-} ${BASE:-}; do
       tag=$name-$ds$([ "$tree" = . ] || { [ "$tree" = "${PREV:-}" ] && echo -prev || echo -base; })
       bs=${BS:-1,4,16,64}; [ "$tree" = "${PREV:-}" ] && bs=${PREV_BS:-$bs}
+      more=(); [ "$tree" = . ] && [ -n "${MIN_S:-}" ] && more=(--min-seconds "$MIN_S")
       (cd "$tree" && timeout "${TREE_S:-290}" python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
-        --batch-sizes "$bs" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
+        --batch-sizes "$bs" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 "${more[@]}" \
         --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
-      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-11 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done
     if [ -n "${PIPE:-}" ]; then  # rounds launched ahead at every batch size, this tree: greedy, bs 16 and 64
       tag="$name-$ds-pipe$PIPE"
