@@ -1,7 +1,7 @@
 """GPU time of the static attention launch alone: ``python -m bench.attention_probe``.
 
-For each (rows, q_len, context) it builds a paged cache as the engine's buckets have it (the split count
-from ``split_plan``), captures 30 launches (a forward's layers) in one CUDA graph and reports the time
+For each (rows, q_len, context[, capacity]) it builds a paged cache as the engine's buckets have it (the split
+count from ``split_plan`` at the bucket's capacity, by default the context itself; every row holds ``context`` keys), captures 30 launches (a forward's layers) in one CUDA graph and reports the time
 per launch (CUDA events over the replays), and the registers and spills of each compiled kernel of
 ``kernels.static_attention``. Run it in an older tree (``PYTHONPATH``) for an A/B of the kernel alone.
 """
@@ -16,11 +16,12 @@ import torch
 from bench.timing import graph_replay_ms
 
 
-def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | None = None) -> dict:
+def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | None = None,
+          capacity: int | None = None) -> dict:
     import kernels.static_attention as sa
 
     hq, hkv, d, bs = 9, 3, 64, 16
-    blocks_per_row = -(-(context + q_len) // bs) + 1
+    blocks_per_row = max(-(-(context + q_len) // bs) + 1, -(-(capacity or 0) // bs))
     splits, _ = sa.split_plan(rows, hkv, blocks_per_row * bs)
     splits = force_splits or splits
     dev, dt = "cuda", torch.bfloat16
@@ -53,14 +54,14 @@ def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | N
         for cache in getattr(fn, "device_caches", {}).values():
             for compiled in cache[0].values():
                 regs[name] = (getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None))
-    return {"rows": rows, "q_len": q_len, "context": context, "splits": splits,
+    return {"rows": rows, "q_len": q_len, "context": context, "capacity": blocks_per_row * bs, "splits": splits,
             "us_per_launch": round(ms * 1e3 / 30, 2), "regs_spills": regs}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="1x1x256,1x5x256,4x1x256,4x5x256,1x1x1024,16x5x512",
-                   help="rows x q_len x context, comma separated")
+                   help="rows x q_len x context[ x capacity: the bucket's tokens a row], comma separated")
     p.add_argument("--iters", type=int, default=50, help="graph replays timed (30 launches each)")
     p.add_argument("--split-chunk", type=int,
                    help="splits the in-launch merge loads at a time (a power of two; the kernel of commit ba21b71)")
@@ -74,9 +75,9 @@ def main() -> None:
         sa.SPLIT_CHUNK = args.split_chunk
     rows = []
     for case in args.cases.split(","):
-        r, q, c = (int(x) for x in case.split("x"))
+        r, q, c, *cap = (int(x) for x in case.split("x"))
         for splits in args.splits.split(","):
-            rows.append(probe(r, q, c, args.iters, None if splits == "plan" else int(splits)))
+            rows.append(probe(r, q, c, args.iters, None if splits == "plan" else int(splits), cap[0] if cap else None))
             print(json.dumps(rows[-1]))
     if args.out:
         with open(args.out, "w") as f:

@@ -53,7 +53,7 @@ def _cases():
         sig.update(cos_ptr="*fp32", sin_ptr="*fp32", table_ptr="*i64", lens_ptr="*i64", max_blocks="i32",
                    sm_scale="fp32", **{n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
                                                            "stride_vt", "stride_vh", "stride_rope")})
-        sig.update(part_ptr="*fp32", chunk="i32")
+        sig.update(part_ptr="*fp32")
         for q, splits in ((1, 1), (1, 8), (5, 1), (5, 8), (9, 2)):
             block_m = max(16, 1 << (3 * q - 1).bit_length())
             const = dict(Q=q, G=3, HKV=3, HALF=32, BS=16, BLOCK_Q=16, BLOCK_M=block_m, BLOCK_N=static_attention.BLOCK_N,

@@ -8,7 +8,8 @@ verify) to a paged KV cache. Per row ``b``, KV head ``h`` and split ``s`` one pr
    ``block_table[b, p // block_size] * block_size + p % block_size``;
 2. rotates the ``Q * G`` queries of the KV head's group (G = Hq / Hkv), rounded to q's dtype;
 3. attends with an online softmax (float32 statistics, scale 1/sqrt(D)) over its chunk of the
-   ``kv_lens[b] - Q`` keys cached before (all of them precede every query), and split 0 also over
+   ``kv_lens[b] - Q`` keys cached before (all of them precede every query; the splits divide the row's own
+   keys, in whole ``BLOCK_N`` steps, not the bucket's capacity), and split 0 also over
    the new keys from registers, causally (query j sees positions 0 .. p_j); the new keys are never
    read back from the cache.
 With one split the program writes the output; with several (flash-decoding: a decode row alone
@@ -120,7 +121,7 @@ def _static_attention_kernel(
     out_ptr,                    # [T, Hq, D] contiguous (SPLITS == 1)
     part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32: acc, max, sum per split (SPLITS > 1)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rope,
-    max_blocks, chunk, sm_scale,
+    max_blocks, sm_scale,
     Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     IEEE: tl.constexpr, PIPELINED: tl.constexpr,
@@ -176,6 +177,9 @@ def _static_attention_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
+    # this split's share of the row's own cached keys: a row far shorter than its bucket's capacity (a context
+    # bucket holds its longest row and the replay's later tokens) still spreads over every split
+    chunk = tl.cdiv(tl.cdiv(old, BLOCK_N), SPLITS) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, old)
     if PIPELINED:  # a range() loop the compiler software-pipelines
@@ -233,8 +237,9 @@ def _combine_kernel(
 
 
 def split_plan(rows: int, kv_heads: int, max_tokens: int) -> tuple[int, int]:
-    """(splits, keys per split) for a bucket: enough programs to fill the GPU (about ``TARGET_PROGRAMS``
-    of (row, KV head, split)), no split shorter than one ``BLOCK_N`` step. A bucket decides this once."""
+    """(splits, keys per split at the bucket's capacity) for a bucket: enough programs to fill the GPU (about
+    ``TARGET_PROGRAMS`` of (row, KV head, split)), no split shorter than one ``BLOCK_N`` step at capacity. A bucket
+    decides this once; the kernel then divides each row's own cached keys among its splits."""
     blocks = -(-max_tokens // BLOCK_N)
     splits = max(1, min(blocks, -(-TARGET_PROGRAMS // max(rows * kv_heads, 1))))
     per = -(-blocks // splits)  # BLOCK_N steps per split
@@ -252,7 +257,7 @@ def static_attention(
     block_table: torch.Tensor,  # [B, M] int64
     kv_lens: torch.Tensor,      # [B] int64: KV length of each row after this forward, in [Q, M * BS]
     q_len: int,
-    splits: int = 1,            # programs per (row, KV head), each over a chunk of the cached keys (split_plan)
+    splits: int = 1,            # programs per (row, KV head), each over a share of the row's cached keys (split_plan)
 ) -> torch.Tensor:              # [B*Q, Hq, D] contiguous, q's dtype
     check_int("q_len", q_len, 1)
     check_int("splits", splits, 1)
@@ -290,12 +295,11 @@ def static_attention(
         return out
     g = hq // hkv
     block_m = max(16, pow2_at_least(q_len * g))
-    chunk = -(-(-(-m * bs // BLOCK_N)) // splits) * BLOCK_N  # keys per split, whole BLOCK_N steps
     part = torch.empty((b, hkv, splits, block_m, d + 2) if splits > 1 else (1,), dtype=torch.float32, device=dev)
     _static_attention_kernel[(b, hkv, splits)](
         q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(), out, part,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
-        m, chunk, 1.0 / math.sqrt(d),
+        m, 1.0 / math.sqrt(d),
         Q=q_len, G=g, HKV=hkv, HALF=d // 2, BS=bs, BLOCK_Q=max(16, pow2_at_least(q_len)), BLOCK_M=block_m,
         BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
         PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction))

@@ -16,9 +16,9 @@ TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3,
 
 
 def _case(rows: int, q_len: int, kv_lens: list[int], dtype: torch.dtype, hq: int = 9, hkv: int = 3, d: int = 64,
-          bs: int = 16, blocks: int = 40, seed: int = 0):
+          bs: int = 16, blocks: int = 40, seed: int = 0, width: int = 0):
     g = torch.Generator().manual_seed(seed)
-    m = max(-(-n // bs) for n in kv_lens) + 1
+    m = max(max(-(-n // bs) for n in kv_lens) + 1, width)  # width: a bucket's table, wider than its rows need
     # each row owns distinct, shuffled blocks; unused table entries point at block 0 (scratch)
     perm = torch.randperm(blocks - 1, generator=g) + 1
     table = torch.zeros(rows, m, dtype=torch.long)
@@ -52,6 +52,18 @@ def test_static_attention_matches_reference(dtype, q_len, kv_lens, splits):
     torch.testing.assert_close(got, want, **TOL[dtype])
     torch.testing.assert_close(kc, kc2, **TOL[dtype])  # the same slots written with the same rotated keys
     assert torch.equal(vc, vc2)
+
+
+@pytest.mark.parametrize("q_len,kv_lens,splits", [(1, [1, 17, 300], 8), (5, [5, 70, 150], 6), (5, [130, 64], 3)])
+def test_splits_divide_each_rows_own_keys_in_a_wide_bucket(q_len, kv_lens, splits):
+    """A bucket's table holds 1,024 tokens a row and its rows far fewer: each split takes a share of its row's
+    own keys (some splits of a short row none), and the merged softmax is the reference's."""
+    q, k, v, cos, sin, kc, vc, table, lens = _case(len(kv_lens), q_len, kv_lens, torch.float32, width=64)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len, splits)
+    want = static_attention_reference(q, k, v, cos, sin, kc2, vc2, table, lens, q_len)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    torch.testing.assert_close(kc, kc2, **TOL[torch.float32])
 
 
 def test_reference_is_the_engines_static_path():
