@@ -16,11 +16,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("q_len,kv_lens", [(1, [1, 17, 100, 700]), (5, [5, 40, 33, 1029]), (9, [64])])
 @pytest.mark.parametrize("splits", [1, 3, 17])
-def test_static_attention(dtype, q_len, kv_lens, splits):
+@pytest.mark.parametrize("width", [0, 128])  # 128: a 2,048-token bucket's table, its rows' splits over their own keys
+def test_static_attention(dtype, q_len, kv_lens, splits, width):
     from tests.kernels.test_static_attention import _case
     from kernels.static_attention import static_attention, static_attention_reference
 
-    case = [x.cuda() for x in _case(len(kv_lens), q_len, kv_lens, dtype, blocks=200)]
+    case = [x.cuda() for x in _case(len(kv_lens), q_len, kv_lens, dtype, blocks=200, width=width)]
     q, k, v, cos, sin, kc, vc, table, lens = case
     kc2, vc2 = kc.clone(), vc.clone()
     got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len, splits)
