@@ -1,9 +1,10 @@
 """GPU time of the static attention launch alone: ``python -m bench.attention_probe``.
 
-For each (rows, q_len, context[, capacity]) it builds a paged cache as the engine's buckets have it (the split
-count from ``split_plan`` at the bucket's capacity, by default the context itself; every row holds ``context`` keys), captures 30 launches (a forward's layers) in one CUDA graph and reports the time
-per launch (CUDA events over the replays), and the registers and spills of each compiled kernel of
-``kernels.static_attention``. Run it in an older tree (``PYTHONPATH``) for an A/B of the kernel alone.
+For each (rows, q_len, context[, capacity]) it builds a paged cache as the engine's buckets have it (every row
+holding ``context`` keys; the split count from ``split_plan`` at the bucket's capacity, by default the context
+itself), captures 30 launches (a forward's layers) in one CUDA graph and reports the time per launch (CUDA events
+over the replays), and the registers and spills of each compiled kernel of ``kernels.static_attention``. Run it
+in an older tree (``PYTHONPATH``) for an A/B of the kernel alone.
 """
 
 from __future__ import annotations

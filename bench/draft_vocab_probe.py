@@ -40,8 +40,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=16, help="eval-draft prompts per dataset")
     p.add_argument("--max-tokens", type=int, default=64, help="eval-draft new tokens per prompt")
     args = p.parse_args()
-    from bench.datasets import humaneval, sharegpt
-    from bench.datasets import held_out_prompts
+    from bench.datasets import held_out_prompts, humaneval, sharegpt
     from bench.eval_draft import EvalCase, run_case
     from engine.assets import default_model_path
     from engine.config import EngineConfig

@@ -130,14 +130,15 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     tokens = rounds = committed = passes = 0
     waves = case.admission == "waves"
     wave_rounds: list[list[int]] = []  # waves: each wave's requests' rounds
+    queue = iter(())  # this pass's prompts not yet arrived
+
+    def arrive(n: int, at: float) -> None:
+        for j in itertools.islice(queue, n):
+            clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{passes}-{j}"), at)
+
     start = now_synced()
     while passes == 0 or now_synced() - start < min_seconds:
         queue = iter(range(len(prompts)))
-
-        def arrive(n: int, at: float) -> None:
-            for j in itertools.islice(queue, n):
-                clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{passes}-{j}"), at)
-
         while True:
             arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
             if not decoder.has_unfinished():
@@ -206,8 +207,8 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
-            "acceptance_length", "wave_tail", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99", "round_ms", "verify_ms",
-            "draft_ms", "fused_ms", "host_ms", "peak_memory_mib"]
+            "acceptance_length", "wave_tail", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
+            "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -69,13 +69,13 @@ def truth_ranks(model, drafter, prompts: Sequence[Sequence[int]], max_tokens: in
         feats.append(out.aux)
         target.free(f"truth-{i}")
     ranks: list[list[list[int]]] = [[] for _ in prompts]
-    want: dict[str, list[int]] = {}  # request id -> the truth's next tokens this call
+    want: dict[str, tuple[int, list[int]]] = {}  # request id -> (its prompt, the truth's next tokens this call)
 
     def forced(logits: torch.Tensor, requests: Sequence[DraftRequest], step: int):
-        truth = torch.tensor([want[r.request_id][step] for r in requests], device=logits.device)
+        truth = torch.tensor([want[r.request_id][1][step] for r in requests], device=logits.device)
         rank = (logits > logits.gather(1, truth[:, None])).sum(dim=1).tolist()
         for r, n in zip(requests, rank):
-            ranks[int(r.request_id.split("-")[1])][-1].append(n)
+            ranks[want[r.request_id][0]][-1].append(n)
         return truth, None
 
     drafter.sampler.pick = forced
@@ -90,7 +90,7 @@ def truth_ranks(model, drafter, prompts: Sequence[Sequence[int]], max_tokens: in
             if k < 1:
                 continue
             rid = f"probe-{i}"
-            want[rid] = seq[c: c + k]
+            want[rid] = i, seq[c: c + k]
             requests.append(DraftRequest(rid, seq[:c], k, greedy, feats[i][handed[i]: c - 1], handed[i]))
             handed[i] = c - 1
         if requests:
