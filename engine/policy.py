@@ -21,7 +21,7 @@ Where a bucket was not timed (no GPU, or its graphs were never captured) the rul
 per rows bucket is kept for the metrics (``chosen``).
 
 The default rule (``--spec-policy max-batch``) is ``spec_max_batch`` alone: speculate while the running requests'
-``spec_load`` is at most it, a greedy request weighing its drafter's ``batch_weight`` (1 for the EAGLE head, 3 for the
+``spec_load`` is at most it, a greedy request weighing its drafter's ``batch_weight`` (1 for the EAGLE head, 5 for the
 n-gram lookup, 2 for a drafter service) and a sampled one ``SAMPLED_LOAD`` times that. A sampled row's speculative
 round costs more (its drafts' q in and out of the graph, rejection sampling over the vocabulary) and accepts less
 (2.1 tokens a round against 2.7 greedy with the EAGLE head on ShareGPT); served on an H200 with

@@ -110,11 +110,11 @@ class EngineSettings(DraftLengthSettings):
     fused_rounds: bool = Field(True, description="a whole round (verify, accept, the next drafts) as one CUDA graph "
                                "wherever graphs are on and the drafter drafts in a graph; off: step by step")
     spec_max_batch: OptionalInt = Field(16, ge=0, description="fused rounds speculate only while the running "
-                                        "requests weigh at most N (greedy 1, sampled 2; three times that with the "
+                                        "requests weigh at most N (greedy 1, sampled 2; five times that with the "
                                         "n-gram drafter, twice with a drafter service); a request that runs while "
                                         "more do decodes plainly to its end (none: always speculate; 16, because on "
                                         "the H100, served, the EAGLE head beats plain decoding at 16 greedy "
-                                        "requests, and n-gram rounds of 16 greedy or 4 sampled rows do not pay); "
+                                        "requests, and n-gram rounds of 4 greedy rows do not gain); "
                                         "with a drafter service (split), also not where its rounds were timed "
                                         "slower than plain decoding")
     spec_policy: Literal["max-batch", "cost"] = Field(

@@ -22,7 +22,9 @@ class NgramDrafter:
     name = "ngram"
     deterministic = True
     primes = False  # its first drafts, a host lookup, cost no forward
-    batch_weight = 3  # 1.25-1.6 tokens a round: 16 rows greedy or 4 sampled do not pay in waves (bench/RESULTS.md)
+    # 1.25-1.6 tokens a round: in waves 4 greedy rows neither gain nor lose (0.96-1.02x), 16 greedy or 4 sampled lose
+    # (bench/RESULTS.md): with spec_max_batch 16, 3 greedy requests speculate, or 1 sampled
+    batch_weight = 5
     target_features: tuple[int, ...] = ()
     feature_size = 0
 

@@ -115,15 +115,15 @@ def test_the_default_rule_counts_a_sampled_request_twice(smollm):
     assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
 
 
-def test_a_request_drafting_n_grams_weighs_three(smollm):
-    """The n-gram lookup's ``batch_weight`` 3 (its rounds pay for a third as many rows): with ``spec_max_batch`` 6 two
-    greedy requests speculate, four (load 12) decode plainly; the EAGLE head weighs 1."""
+def test_a_request_drafting_n_grams_weighs_five(smollm):
+    """The n-gram lookup's ``batch_weight`` 5 (its rounds pay for a fifth as many rows): with ``spec_max_batch`` 10 two
+    greedy requests speculate, four (load 20) decode plainly; the EAGLE head weighs 1."""
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
     assert spec_load([True, False], 2) == 6
-    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=6)
-    assert dec.scheduler.weight == 3 and make_decoder(smollm, "auto", k=4).scheduler.weight == 1
+    dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=10)
+    assert dec.scheduler.weight == 5 and make_decoder(smollm, "auto", k=4).scheduler.weight == 1
     got = dec.generate(prompts[:2], greedy)
     assert sum(o.drafted for o in got) > 0 and not dec.scheduler.demoted
     got = dec.generate(prompts, greedy)
@@ -174,7 +174,7 @@ def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smo
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
-                          spec_max_batch=8)
+                          spec_max_batch=10)  # two n-gram requests weigh 10
     cost = dataclasses.replace(config, spec_policy="cost")  # the cost rule times a speculative graph: there is none
     assert SpecDecoder(ModelRunner(smollm.model, cost), smollm.tokenizer, cost, NgramDrafter()).fast.guard is not None
     drafted = {}
@@ -224,7 +224,7 @@ def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
-                          spec_max_batch=8)
+                          spec_max_batch=10)  # two n-gram requests weigh 10
     dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
     first, second, tokens, last, (demoted, _) = _one_then_another(dec, prompts, params)
     assert demoted == {first} and dec.fast.guard.chosen[1] is False
@@ -243,7 +243,7 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(sm
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
-                          spec_max_batch=8, max_context=1024)
+                          spec_max_batch=10, max_context=1024)  # two n-gram requests weigh 10
     outside, local = NgramDrafter(), NgramDrafter(history=TokenHistory(8, 1024, "cpu"))
     released = []
     release = outside.release
