@@ -33,6 +33,7 @@ from unittest import mock
 import torch
 
 from engine.config import EngineConfig
+from engine.graphs import MAX_GRAPH_TOKENS
 from engine.models import ops
 from engine.models.loader import load_model
 from engine.runner import Chunk, ModelRunner
@@ -273,6 +274,10 @@ def main() -> None:
             stack.enter_context(mock.patch("engine.attention.static.StaticAttention.__init__.__defaults__", (False,)))
         for b in (int(x) for x in args.batch.split(",") if not (args.round or args.prefill)):
             for q in (int(x) for x in args.q_len.split(",")):
+                if q > 1 and b * q > MAX_GRAPH_TOKENS:
+                    print(f"batch {b:3d} q_len {q}: skipped, {b * q} tokens is more than a captured step holds "
+                          f"(MAX_GRAPH_TOKENS {MAX_GRAPH_TOKENS})", flush=True)
+                    continue
                 row = profile_case(model, b, q, args.context, args.iters, aux, args.top)
                 row["ops"] = "torch" if args.torch_ops else "triton"
                 rows.append(row)
