@@ -44,15 +44,18 @@ class CapacityError(RuntimeError):
 
 class Scheduler:
     def __init__(self, target: "ModelRunner", tokenizer: "Tokenizer", config: EngineConfig, max_context: int,
-                 fast: FastPath, primes: bool = False, weight: int = 1) -> None:
+                 fast: FastPath, primes: bool = False, weight: int = 1, rejoins: bool = False) -> None:
         """``primes``: the embedded drafter primes (``Drafter.primes``): a request's first round after its prefill
         verifies no drafts on every path (on a graph it enters primed; an eager round takes none: the rounds agree).
-        ``weight``: what a greedy request weighs against ``spec_max_batch`` (the drafter's ``batch_weight``)."""
+        ``weight``: what a greedy request weighs against ``spec_max_batch`` (the drafter's ``batch_weight``).
+        ``rejoins``: the embedded drafter catches up on a request from its tokens alone (it reads no target features:
+        n-gram lookup, a draft model), so requests the load rule demoted speculate again once the load is back
+        within ``spec_max_batch``; a feature-fed drafter (EAGLE) saw no features of the tokens decoded plainly."""
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
-        self.fast, self.primes, self.weight = fast, primes, weight
+        self.fast, self.primes, self.weight, self.rejoins = fast, primes, weight, rejoins
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}  # running, in arrival order
-        self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly to their end
+        self.demoted: set[str] = set()  # the batch policy's: requests decoding plainly (to their end unless rejoins)
         self.local: set[str] = set()  # the guard's, with a local drafter: requests drafting with it to their end
         self.fast_path_exits: collections.Counter[str] = collections.Counter()  # rows of rounds, by Reason value
         self.rows: collections.Counter[str] = collections.Counter()  # every row of every round, by Reason value
@@ -197,10 +200,12 @@ class Scheduler:
         sampled request counting twice and each its drafter's ``batch_weight``, is above ``spec_max_batch``, or, with
         a drafter outside the graph, its rounds at this size were measured not to pay: engine/policy.py ``SpecGuard``;
         with ``--spec-policy cost`` the cost rule, engine/policy.py, and where its sizes were not timed more than
-        ``spec_max_batch`` requests run), every running request decodes plainly to its end; where only the guard
-        says no and the fast path has a local drafter, the requests not yet with it draft with it to their end
-        instead (``local``). Returns the requests demoted or moved now (their outside drafter's state is to be
-        released)."""
+        ``spec_max_batch`` requests run), every running request decodes plainly: to its end, unless the drafter
+        ``rejoins`` and the load rule decided (requests finished, the load is within the limit again: they speculate
+        again, entering the speculative graph as a new request does; the cost rule's demotions stay, its figures
+        for them would stop moving); where only the guard says no and the fast path has a local drafter, the
+        requests not yet with it draft with it to their end instead (``local``). Returns the requests demoted or
+        moved now (their outside drafter's state is to be released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
@@ -209,6 +214,7 @@ class Scheduler:
             # (n above the limit is over it whatever the load: every request weighs at least 1)
             if n <= limit and spec_load((r.params.greedy for r in self.requests.values()), self.weight) <= limit:
                 if guard is None or guard.speculate(n, clean=not self.demoted and not self.local):
+                    self._rejoin()
                     return []
                 if self.fast.local is not None:
                     moved = [rid for rid in self.requests if rid not in self.demoted and rid not in self.local]
@@ -223,6 +229,13 @@ class Scheduler:
         demoted = [rid for rid in self.requests if rid not in self.demoted]
         self.demoted.update(demoted)
         return demoted
+
+    def _rejoin(self) -> None:
+        """The load rule says speculate: requests it demoted speculate again where the drafter catches up from tokens
+        (``rejoins``); with no next drafts they enter the speculative graph as a new request does."""
+        if self.rejoins and self.demoted:
+            log.debug("batch policy: %d requests within spec_max_batch again: they speculate", len(self.demoted))
+            self.demoted.clear()
 
     # ------------------------------------------------------------------ routing
     def route(self, reqs: Sequence[Request], ks: Sequence[int | None] | None = None,

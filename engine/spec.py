@@ -57,7 +57,9 @@ class SpecDecoder:
         self.eager = EagerRound(target, k=config.k)
         self.scheduler = Scheduler(target, tokenizer, config, self.max_context, self.fast,
                                    primes=drafter is not None and drafter.graph_rounds and drafter.primes,
-                                   weight=drafter.batch_weight if drafter is not None else 1)
+                                   weight=drafter.batch_weight if drafter is not None else 1,
+                                   rejoins=(drafter is not None and drafter.graph_rounds and not drafter.target_features
+                                            and local is None))
 
     # ------------------------------------------------------------------ the parts, as callers know them
     @property

@@ -112,10 +112,11 @@ class EngineSettings(DraftLengthSettings):
     spec_max_batch: OptionalInt = Field(16, ge=0, description="fused rounds speculate only while the running "
                                         "requests weigh at most N (greedy 1, sampled 2; five times that with the "
                                         "n-gram drafter, twice with a drafter service); a request that runs while "
-                                        "more do decodes plainly to its end (none: always speculate; 16, because on "
-                                        "the H100, served, the EAGLE head beats plain decoding at 16 greedy "
-                                        "requests, and n-gram rounds of 4 greedy rows do not gain); "
-                                        "with a drafter service (split), also not where its rounds were timed "
+                                        "more do decodes plainly (to its end with the EAGLE head, until the load is "
+                                        "within N again with the n-gram drafter or a draft model); none: always "
+                                        "speculate; 16, because on the H100, served, the EAGLE head beats plain "
+                                        "decoding at 16 greedy requests, and n-gram rounds of 4 greedy rows do not "
+                                        "gain; with a drafter service (split), also not where its rounds were timed "
                                         "slower than plain decoding")
     spec_policy: Literal["max-batch", "cost"] = Field(
         "max-batch", description="how fused rounds choose to speculate: max-batch (the --spec-max-batch rule) or "

@@ -74,7 +74,8 @@ class Reason(str, enum.Enum):
     ON_GRAPH = "on_graph"            # FUSED: its drafts in hand from the graph's last round (or a graph of k 0)
     ENTERED = "entered"              # FUSED: its first drafts came from the drafter this round
     NO_DRAFTS = "no_drafts"          # FUSED_PLAIN: it verifies no drafts this round (k 0) and that graph exists
-    DEMOTED = "demoted"              # FUSED_PLAIN: it ran while more than spec_max_batch requests did: to its end
+    DEMOTED = "demoted"              # FUSED_PLAIN: it ran while more than spec_max_batch requests did (to its end,
+                                     # or until the load allows: Scheduler.rejoins)
     FIRST_DRAFTS = "first_drafts"    # ENTERING: waits for the drafter's first drafts
     # eager, and no exit: every request starts here, or the decoder has no fast path
     PREFILL = "prefill"              # (a chunk of) its prompt is not in the target's KV yet

@@ -83,9 +83,9 @@ class FastPath:
         policy (a drafter drafting in the graph and a batch policy): both graphs at every size, then each bucket's
         replay timed for the policy. Else the speculative graph for rounds of up to ``spec_max_batch`` rows (every
         size where there is no batch policy), the plain graph for every size where a load can pass the limit (the
-        requests the policy demotes decode plainly to their end, as their batch shrinks too; a greedy request weighs
-        ``weight``, a sampled one ``policy.SAMPLED_LOAD`` times that: 16 sampled ones pass a limit of 16; with a drafter
-        outside the graph, each bucket's replay timed for the guard)."""
+        requests the policy demotes decode plainly as their batch shrinks too, to their end or until the load
+        allows; a greedy request weighs ``weight``, a sampled one ``policy.SAMPLED_LOAD`` times that: 16 sampled ones
+        pass a limit of 16; with a drafter outside the graph, each bucket's replay timed for the guard)."""
         n, kw = 0, {} if modes is None else {"modes": tuple(modes)}
         spec, plain = (g.store if g is not None else None for g in (self.fused, self.fused_plain))
         if self.policy is not None:  # both graphs at every size, each timed: what the cost rule compares

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.ngram import NgramDrafter
 from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
@@ -129,6 +131,38 @@ def test_a_request_drafting_n_grams_weighs_five(smollm):
     got = dec.generate(prompts, greedy)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     assert all(o.drafted == 0 for o in got) and dec.scheduler.rows["demoted"] > 0
+
+
+@pytest.mark.parametrize("pipeline", [0, 8])
+def test_requests_demoted_by_load_speculate_again_once_it_falls_where_the_drafter_catches_up_from_tokens(smollm,
+                                                                                                        pipeline):
+    """Three n-gram requests weigh 15 against ``spec_max_batch`` 10: all decode plainly; once the short one finished
+    the two left weigh 10 and speculate again (the lookup catches up from their tokens: they enter the speculative
+    graph as new requests do), output plain greedy, with rounds launched ahead or not, and no KV block left behind.
+    The EAGLE head saw no features of the tokens decoded plainly: its requests stay demoted to their end."""
+    prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a",
+                                                    "x y z x y z x y z x")]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 40, 6)]
+    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    for draft, limit, rejoins in (("ngram", 10, True), ("auto", 2, False)):
+        dec = make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=limit,
+                           pipeline_max_batch=pipeline)
+        assert dec.scheduler.rejoins is rejoins
+        free = dec.target.allocator.free_blocks
+        ids = [dec.add_request(p, sp) for p, sp in zip(prompts, params)]
+        tokens = {rid: [] for rid in ids}
+        drafted_while_three = 0
+        while dec.has_unfinished():
+            three = len(dec.requests) == 3
+            for o in dec.step():
+                tokens[o.request_id] += o.new_token_ids
+                if three and o.finished is False:
+                    drafted_while_three += o.drafted
+                last = o
+        assert [tokens[rid] for rid in ids] == [o.new_token_ids for o in plain], draft
+        assert drafted_while_three == 0 and dec.scheduler.rows["demoted"] > 0, draft
+        assert (last.drafted > 0) is rejoins, draft  # the last request out: speculated after the short one left
+        assert dec.target.allocator.free_blocks == free and not dec.requests
 
 
 class _Clock:
