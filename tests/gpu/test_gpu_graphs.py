@@ -203,3 +203,19 @@ def test_a_servers_round_graphs_are_captured_before_requests_arrive(f32):
         dec.generate([prompts[i % len(prompts)] for i in range(n)],
                      SamplingParams(max_tokens=24, ignore_eos=True))
     assert dec.fused.store.num_captured + dec.fused_plain.store.num_captured == before
+
+
+def test_n_gram_requests_demoted_by_load_speculate_again_on_the_graphs(f32, prompts):
+    """On captured graphs with rounds launched ahead: six n-gram requests weigh 30 against ``spec_max_batch`` 10 and
+    decode plainly; once four short ones finished the two left weigh 10 and enter the speculative graph (the lookup
+    catches up from their tokens); every request decodes what plain greedy decoding does and no KV block is left."""
+    params = [SamplingParams(max_tokens=64 if i < 2 else 12, ignore_eos=True) for i in range(len(prompts))]
+    want = _decoder(f32, "none", 0, False).generate(prompts, params)
+    dec = make_decoder(f32, "ngram", k=4, device="cuda", dtype="float32", attention="torch", spec_max_batch=10)
+    assert dec.scheduler.rejoins and dec.fused_plain is not None
+    free = dec.target.allocator.free_blocks
+    got = dec.generate(prompts, params)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in want]
+    assert dec.scheduler.rows["demoted"] > 0 and dec.scheduler.rows["entered"] >= 2, dec.scheduler.rows
+    assert all(o.drafted > 0 for o in got[:2]) and not any(o.drafted for o in got[2:])
+    assert dec.target.allocator.free_blocks == free and not dec.requests
