@@ -12,7 +12,8 @@
 #    PREV_BS, default BS);
 #    TREE_S: each tree's time limit (default 290 s); MIN_S=S: this tree's cases repeated to S seconds (--min-seconds;
 #    the other trees' bench has no such flag); PIPE=N: and this tree with --pipeline-max-batch N at bs 16 and 64,
-#    greedy; BS=1,4: those batch sizes only.
+#    greedy; BS=1,4: those batch sizes only; CONT=1: and this tree with continuous admission (NUM prompts, default
+#    160: HumanEval has 164), a wave's tail gone.
 # V: rounds launched ahead through rows finishing (chained rows compacted, room counted down on the device): the GPU
 #    tests of rounds launched ahead, then tandem bench at bs 1, 4, 16, 64, greedy, speculation at every size
 #    (--spec-max-batch 64) and plain, HumanEval 64 prompts: BASE=path's tree, then this one.
@@ -75,6 +76,14 @@ case "${PART:-P}" in
         --drafts none,auto,ngram --baselines none --temperatures 0 --pipeline-max-batch "$PIPE" --attention torch \
         --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-9 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    fi
+    if [ -n "${CONT:-}" ]; then  # this tree with continuous admission (no waves, as the gateway serves)
+      tag="$name-$ds-cont"
+      timeout "${TREE_S:-290}" python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts "${NUM:-160}" \
+        --batch-sizes "${BS:-1,4,16,64}" --drafts none,auto,ngram --baselines none --temperatures 0,0.7 \
+        --admission continuous ${MIN_S:+--min-seconds "$MIN_S"} --attention torch --device cuda --out-dir "$OUT" \
+        > "$OUT/$tag.log" 2>&1
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-11 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     fi ;;
   Q)
     for d in auto none; do
