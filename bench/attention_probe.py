@@ -23,7 +23,7 @@ def probe(rows: int, q_len: int, context: int, iters: int, force_splits: int | N
 
     hq, hkv, d, bs = 9, 3, 64, 16
     blocks_per_row = max(-(-(context + q_len) // bs) + 1, -(-(capacity or 0) // bs))
-    splits, _ = sa.split_plan(rows, hkv, blocks_per_row * bs)
+    splits = sa.split_plan(rows, hkv, blocks_per_row * bs)
     splits = force_splits or splits
     dev, dt = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)

@@ -236,14 +236,14 @@ def _combine_kernel(
     tl.store(out_ptr + (tq * (G * HKV) + hq) * D + full, o.to(out_ptr.dtype.element_ty))
 
 
-def split_plan(rows: int, kv_heads: int, max_tokens: int) -> tuple[int, int]:
-    """(splits, keys per split at the bucket's capacity) for a bucket: enough programs to fill the GPU (about
-    ``TARGET_PROGRAMS`` of (row, KV head, split)), no split shorter than one ``BLOCK_N`` step at capacity. A bucket
-    decides this once; the kernel then divides each row's own cached keys among its splits."""
+def split_plan(rows: int, kv_heads: int, max_tokens: int) -> int:
+    """The splits of a bucket: enough programs to fill the GPU (about ``TARGET_PROGRAMS`` of (row, KV head, split)),
+    no split shorter than one ``BLOCK_N`` step at the bucket's capacity. A bucket decides this once; the kernel then
+    divides each row's own cached keys among its splits."""
     blocks = -(-max_tokens // BLOCK_N)
     splits = max(1, min(blocks, -(-TARGET_PROGRAMS // max(rows * kv_heads, 1))))
-    per = -(-blocks // splits)  # BLOCK_N steps per split
-    return -(-blocks // per), per * BLOCK_N
+    per = -(-blocks // splits)  # BLOCK_N steps a split at capacity
+    return -(-blocks // per)
 
 
 def static_attention(

@@ -59,7 +59,7 @@ class StaticAttention:
         if self.fused_rotary:
             from kernels.static_attention import split_plan
 
-            self.splits = split_plan(rows, cache.k.shape[-2], self.max_tokens)[0]
+            self.splits = split_plan(rows, cache.k.shape[-2], self.max_tokens)
 
     @property
     def max_tokens(self) -> int:

@@ -99,12 +99,13 @@ def test_reference_is_the_engines_static_path():
 def test_split_plan_fills_the_gpu_without_splits_shorter_than_a_step():
     from kernels.static_attention import BLOCK_N, split_plan
 
-    assert split_plan(1, 3, 512) == (8, 64)          # one decode row: a program per 64 keys
-    assert split_plan(64, 3, 512) == (2, 256)        # 192 (row, head) programs: nearly enough already
-    assert split_plan(256, 3, 2048) == (1, 2048)
+    assert split_plan(1, 3, 512) == 8                # one decode row: a program per 64 keys at capacity
+    assert split_plan(64, 3, 512) == 2               # 192 (row, head) programs: nearly enough already
+    assert split_plan(256, 3, 2048) == 1
     for rows, ctx in ((1, 8192), (4, 2048), (16, 32768)):
-        splits, chunk = split_plan(rows, 3, ctx)
-        assert chunk % BLOCK_N == 0 and splits * chunk >= ctx and (splits - 1) * chunk < ctx
+        splits, steps = split_plan(rows, 3, ctx), -(-ctx // BLOCK_N)
+        per = -(-steps // splits)                    # steps a split at capacity: every split has at least one
+        assert 1 <= splits <= steps and (splits - 1) * per < steps <= splits * per
 
 
 def test_bad_arguments_are_named():
