@@ -139,12 +139,13 @@ def test_requests_demoted_by_load_speculate_again_once_it_falls_where_the_drafte
     """Three n-gram requests weigh 15 against ``spec_max_batch`` 10: all decode plainly; once the short one finished
     the two left weigh 10 and speculate again (the lookup catches up from their tokens: they enter the speculative
     graph as new requests do), output plain greedy, with rounds launched ahead or not, and no KV block left behind.
-    The EAGLE head saw no features of the tokens decoded plainly: its requests stay demoted to their end."""
+    So do a layer-skip draft model's (weighing 1: three over a limit of 2; it primes its KV over their tokens). The
+    EAGLE head saw no features of the tokens decoded plainly: its requests stay demoted to their end."""
     prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a",
                                                     "x y z x y z x y z x")]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 40, 6)]
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
-    for draft, limit, rejoins in (("ngram", 10, True), ("auto", 2, False)):
+    for draft, limit, rejoins in (("ngram", 10, True), ("layerskip:4", 2, True), ("auto", 2, False)):
         dec = make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=limit,
                            pipeline_max_batch=pipeline)
         assert dec.scheduler.rejoins is rejoins
