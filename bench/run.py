@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from bench.timing import PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
+from bench.timing import GcClock, PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import DraftSpec, build_drafter
 from engine.policy import spec_load
@@ -137,27 +137,28 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             clock.arrive(decoder.add_request(list(prompts[j]), params[j], request_id=f"bench-{passes}-{j}"), at)
 
     start = now_synced()
-    while passes == 0 or now_synced() - start < min_seconds:
-        queue = iter(range(len(prompts)))
-        while True:
-            arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
-            if not decoder.has_unfinished():
-                break
-            wave_rounds.append([])
-            while decoder.has_unfinished():
-                outs = decoder.step()
-                now = time.perf_counter()  # step() ended on the round's host sync: its tokens exist
-                for o in outs:
-                    clock.tokens(o.request_id, len(o.new_token_ids), now)
-                    tokens += len(o.new_token_ids)
-                    if o.finished:
-                        rounds += o.rounds
-                        committed += o.accepted + o.rounds
-                        wave_rounds[-1].append(o.rounds)
-                        if not waves:
-                            arrive(1, now)
-        passes += 1
-    elapsed = now_synced() - start
+    with GcClock() as gc_clock:  # the collections inside the timed passes (a full one can take 100 ms)
+        while passes == 0 or now_synced() - start < min_seconds:
+            queue = iter(range(len(prompts)))
+            while True:
+                arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
+                if not decoder.has_unfinished():
+                    break
+                wave_rounds.append([])
+                while decoder.has_unfinished():
+                    outs = decoder.step()
+                    now = time.perf_counter()  # step() ended on the round's host sync: its tokens exist
+                    for o in outs:
+                        clock.tokens(o.request_id, len(o.new_token_ids), now)
+                        tokens += len(o.new_token_ids)
+                        if o.finished:
+                            rounds += o.rounds
+                            committed += o.accepted + o.rounds
+                            wave_rounds[-1].append(o.rounds)
+                            if not waves:
+                                arrive(1, now)
+            passes += 1
+        elapsed = now_synced() - start
     fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
            "cuda_graphs": cfg.use_cuda_graphs,
@@ -176,7 +177,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
             "passes": passes, "wave_tail": wave_tail(wave_rounds) if waves else None,
-            **clock.summary(), "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
+            **clock.summary(), **gc_clock.summary(), "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
     # the decoder (KV caches, graph pools) holds cycles through its timed wrappers: free it before the next case
     del decoder, timer
     gc.collect()
@@ -208,7 +209,7 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
             "acceptance_length", "wave_tail", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
-            "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "peak_memory_mib"]
+            "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "gc_full", "gc_ms", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ speculative round of 3 tokens after 30 ms counts as three 10 ms inter-token late
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -132,3 +133,32 @@ class PhaseTimer:
 
     def count(self, name: str) -> int:
         return len(self.marks.get(name, []))
+
+
+class GcClock:
+    """Python's garbage collections while it is entered (``with GcClock() as gc_clock``): how many of each
+    generation and the milliseconds spent in them. A full (generation 2) collection walks every tracked object of
+    the process, the loaded model's and datasets' too: on a 2-core CPU with ~310k objects it took ~140 ms, longer
+    than a wave of 64 requests' prefill on an H100."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.ms = 0.0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.ms += (time.perf_counter() - self._start) * 1e3
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {"gc_collections": sum(self.count), "gc_full": self.count[2], "gc_ms": round(self.ms, 2)}

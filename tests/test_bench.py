@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.load import arrival_times
-from bench.timing import TokenClock, percentile
+from bench.timing import GcClock, TokenClock, percentile
 from cli.main import main
 
 
@@ -77,6 +77,18 @@ def test_poisson_arrivals_are_seeded_and_increasing():
     assert 2.0 < a[-1] < 10.0  # mean gap 0.1 s
 
 
+def test_gc_clock_counts_the_collections_inside_it_and_only_those():
+    import gc
+
+    with GcClock() as clock:
+        gc.collect()             # a full collection
+        gc.collect(0)
+    gc.collect()                 # outside: not counted
+    assert clock.count[2] == 1 and clock.count[0] >= 1 and clock.ms > 0
+    assert clock.summary() == {"gc_collections": sum(clock.count), "gc_full": 1, "gc_ms": round(clock.ms, 2)}
+    assert clock._callback not in gc.callbacks
+
+
 def test_bench_writes_rows_table_and_plot(tmp_path):
     code = main(["bench", "--name", "cpu-smoke", "--dataset", "humaneval", "--num-prompts", "2", "--batch-sizes", "1,2",
                  "--drafts", "none,ngram", "--baselines", "hf-eager,hf-prompt-lookup", "--temperatures", "0",
@@ -98,6 +110,7 @@ def test_bench_writes_rows_table_and_plot(tmp_path):
     plain = [r for r in fixed if r["engine"] == "tandem-plain"]
     assert all(r["speedup_vs_plain"] == 1.0 and r["acceptance_length"] == 1.0 for r in plain)
     assert all(r["ttft_ms_p50"] > 0 and r["round_ms"] >= r["verify_ms"] > 0 for r in plain)
+    assert all(isinstance(r["gc_full"], int) and r["gc_ms"] >= 0 for r in fixed if r["engine"].startswith("tandem"))
     load = [r for r in rows if r.get("scenario") == "poisson"]
     assert {(r["engine"], r["max_round_tokens"]) for r in load} == {
         ("tandem-plain", None), ("tandem-plain", 16), ("tandem-spec-ngram", None), ("tandem-spec-ngram", 16)}
