@@ -136,7 +136,8 @@ class EngineConfig:
     # fused rounds speculate only while the running requests weigh at most this (a greedy one 1, a sampled one 2,
     # each times the drafter's batch_weight: engine/policy.py's spec_load): a request running while more do decodes
     # plainly (a verify of k + 1 tokens per row costs more there than the drafts save), to its end with a feature-fed
-    # drafter, until the load is within the limit again with one that catches up from tokens; None: always
+    # drafter, until the load is within the limit again (room for one more greedy request) with one that catches up
+    # from tokens; None: always
     spec_max_batch: int | None = None  # the serving edges (CLI, settings) default to 16
     # with a batch policy (spec_max_batch set): "max-batch", the rule above; "cost", per round by the measured cost
     # of a round at this batch size and the requests' acceptance (engine/policy.py; experimental: it misjudged

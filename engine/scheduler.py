@@ -50,7 +50,8 @@ class Scheduler:
         ``weight``: what a greedy request weighs against ``spec_max_batch`` (the drafter's ``batch_weight``).
         ``rejoins``: the embedded drafter catches up on a request from its tokens alone (it reads no target features:
         n-gram lookup, a draft model), so requests the load rule demoted speculate again once the load is back
-        within ``spec_max_batch``; a feature-fed drafter (EAGLE) saw no features of the tokens decoded plainly."""
+        within ``spec_max_batch`` with room for one more greedy request; a feature-fed drafter (EAGLE) saw no
+        features of the tokens decoded plainly."""
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
         self.fast, self.primes, self.weight, self.rejoins = fast, primes, weight, rejoins
         self.waiting: deque[Request] = deque()
@@ -201,20 +202,21 @@ class Scheduler:
         a drafter outside the graph, its rounds at this size were measured not to pay: engine/policy.py ``SpecGuard``;
         with ``--spec-policy cost`` the cost rule, engine/policy.py, and where its sizes were not timed more than
         ``spec_max_batch`` requests run), every running request decodes plainly: to its end, unless the drafter
-        ``rejoins`` and the load rule decided (requests finished, the load is within the limit again: they speculate
-        again, entering the speculative graph as a new request does; the cost rule's demotions stay, its figures
-        for them would stop moving); where only the guard says no and the fast path has a local drafter, the
-        requests not yet with it draft with it to their end instead (``local``). Returns the requests demoted or
-        moved now (their outside drafter's state is to be released)."""
+        ``rejoins`` and the load rule decided (requests finished, the load is within the limit again with room for
+        one more greedy request: they speculate again, entering the speculative graph as a new request does; the
+        cost rule's demotions stay, its figures for them would stop moving); where only the guard says no and the
+        fast path has a local drafter, the requests not yet with it draft with it to their end instead (``local``).
+        Returns the requests demoted or moved now (their outside drafter's state is to be released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
         if policy is None:
             guard, limit = self.fast.guard, self.config.spec_max_batch  # guard: a drafter outside the graph
             # (n above the limit is over it whatever the load: every request weighs at least 1)
-            if n <= limit and spec_load((r.params.greedy for r in self.requests.values()), self.weight) <= limit:
+            load = spec_load((r.params.greedy for r in self.requests.values()), self.weight)
+            if n <= limit and load <= limit:
                 if guard is None or guard.speculate(n, clean=not self.demoted and not self.local):
-                    self._rejoin()
+                    self._rejoin(load, limit)
                     return []
                 if self.fast.local is not None:
                     moved = [rid for rid in self.requests if rid not in self.demoted and rid not in self.local]
@@ -230,10 +232,13 @@ class Scheduler:
         self.demoted.update(demoted)
         return demoted
 
-    def _rejoin(self) -> None:
+    def _rejoin(self, load: int, limit: int) -> None:
         """The load rule says speculate: requests it demoted speculate again where the drafter catches up from tokens
-        (``rejoins``); with no next drafts they enter the speculative graph as a new request does."""
-        if self.rejoins and self.demoted:
+        (``rejoins``), once one more greedy arrival would not demote them again (``load`` + ``weight`` within
+        ``limit``: a load that steps between the limit and one request over it, as a served one near it does, does
+        not move them to and fro, each move dropping a round launched ahead); with no next drafts they enter the
+        speculative graph as a new request does."""
+        if self.rejoins and self.demoted and load + self.weight <= limit:
             log.debug("batch policy: %d requests within spec_max_batch again: they speculate", len(self.demoted))
             self.demoted.clear()
 

@@ -206,12 +206,13 @@ def test_a_servers_round_graphs_are_captured_before_requests_arrive(f32):
 
 
 def test_n_gram_requests_demoted_by_load_speculate_again_on_the_graphs(f32, prompts):
-    """On captured graphs with rounds launched ahead: six n-gram requests weigh 30 against ``spec_max_batch`` 10 and
-    decode plainly; once four short ones finished the two left weigh 10 and enter the speculative graph (the lookup
-    catches up from their tokens); every request decodes what plain greedy decoding does and no KV block is left."""
+    """On captured graphs with rounds launched ahead: six n-gram requests weigh 30 against ``spec_max_batch`` 15 and
+    decode plainly; once four short ones finished the two left weigh 10 (room for one more) and enter the speculative
+    graph (the lookup catches up from their tokens); every request decodes what plain greedy decoding does and no KV
+    block is left."""
     params = [SamplingParams(max_tokens=64 if i < 2 else 12, ignore_eos=True) for i in range(len(prompts))]
     want = _decoder(f32, "none", 0, False).generate(prompts, params)
-    dec = make_decoder(f32, "ngram", k=4, device="cuda", dtype="float32", attention="torch", spec_max_batch=10)
+    dec = make_decoder(f32, "ngram", k=4, device="cuda", dtype="float32", attention="torch", spec_max_batch=15)
     assert dec.scheduler.rejoins and dec.fused_plain is not None
     free = dec.target.allocator.free_blocks
     got = dec.generate(prompts, params)
