@@ -138,8 +138,7 @@ class PhaseTimer:
 class GcClock:
     """Python's garbage collections while it is entered (``with GcClock() as gc_clock``): how many of each
     generation and the milliseconds spent in them. A full (generation 2) collection walks every tracked object of
-    the process, the loaded model's and datasets' too: on a 2-core CPU with ~310k objects it took ~140 ms, longer
-    than a wave of 64 requests' prefill on an H100."""
+    the process, the loaded model's, tokenizer's and datasets' too (bench/RESULTS.md: 140-260 ms on a 2-core CPU)."""
 
     def __init__(self) -> None:
         self.count = [0, 0, 0]

@@ -48,10 +48,8 @@ class Scheduler:
         """``primes``: the embedded drafter primes (``Drafter.primes``): a request's first round after its prefill
         verifies no drafts on every path (on a graph it enters primed; an eager round takes none: the rounds agree).
         ``weight``: what a greedy request weighs against ``spec_max_batch`` (the drafter's ``batch_weight``).
-        ``rejoins``: the embedded drafter catches up on a request from its tokens alone (it reads no target features:
-        n-gram lookup, a draft model), so requests the load rule demoted speculate again once the load is back
-        within ``spec_max_batch`` with room for one more greedy request; a feature-fed drafter (EAGLE) saw no
-        features of the tokens decoded plainly."""
+        ``rejoins``: the embedded drafter catches up on a request from its tokens alone (n-gram lookup, a draft model;
+        not EAGLE, which saw no features of the tokens decoded plainly): requests the load rule demoted may rejoin."""
         self.target, self.tokenizer, self.config, self.max_context = target, tokenizer, config, max_context
         self.fast, self.primes, self.weight, self.rejoins = fast, primes, weight, rejoins
         self.waiting: deque[Request] = deque()
@@ -202,11 +200,10 @@ class Scheduler:
         a drafter outside the graph, its rounds at this size were measured not to pay: engine/policy.py ``SpecGuard``;
         with ``--spec-policy cost`` the cost rule, engine/policy.py, and where its sizes were not timed more than
         ``spec_max_batch`` requests run), every running request decodes plainly: to its end, unless the drafter
-        ``rejoins`` and the load rule decided (requests finished, the load is within the limit again with room for
-        one more greedy request: they speculate again, entering the speculative graph as a new request does; the
-        cost rule's demotions stay, its figures for them would stop moving); where only the guard says no and the
-        fast path has a local drafter, the requests not yet with it draft with it to their end instead (``local``).
-        Returns the requests demoted or moved now (their outside drafter's state is to be released)."""
+        ``rejoins`` and the load rule decided (``_rejoin``: they enter the speculative graph as new requests do; the
+        cost rule's figures for them would stop moving); where only the guard says no and the fast path has a local
+        drafter, the requests not yet with it draft with it to their end instead (``local``). Returns the requests
+        demoted or moved now (their outside drafter's state is to be released)."""
         policy, n = self.fast.policy, len(self.requests)
         if self.fast.fused_plain is None or not n:
             return []
@@ -233,11 +230,9 @@ class Scheduler:
         return demoted
 
     def _rejoin(self, load: int, limit: int) -> None:
-        """The load rule says speculate: requests it demoted speculate again where the drafter catches up from tokens
-        (``rejoins``), once one more greedy arrival would not demote them again (``load`` + ``weight`` within
-        ``limit``: a load that steps between the limit and one request over it, as a served one near it does, does
-        not move them to and fro, each move dropping a round launched ahead); with no next drafts they enter the
-        speculative graph as a new request does."""
+        """The load rule says speculate: its demoted requests rejoin (``rejoins``) once one more greedy arrival would
+        not demote them again (a served load stepping about the limit must not move them to and fro, each move
+        dropping a round launched ahead)."""
         if self.rejoins and self.demoted and load + self.weight <= limit:
             log.debug("batch policy: %d requests within spec_max_batch again: they speculate", len(self.demoted))
             self.demoted.clear()
