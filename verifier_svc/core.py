@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, Sequence
 
+from engine.heap import freeze_heap
 from engine.request import RequestOutput
 from verifier_svc.remote_drafter import RemoteDrafter
 from verifier_svc.serving import Admit, RoundLoop
@@ -154,6 +155,7 @@ def core_main(settings, conn) -> None:
         os._exit(1)
     describe(built, settings)
     engine = VerifierEngine(built.decoder, settings.lease_s)
+    freeze_heap()  # the model's objects out of Python's collections (engine/heap.py; the warm-up's few stay in)
     ticks = _Ticks()
     loop = RoundLoop(engine.decoder, ticks)
     send(conn, ("built", {"vocab_size": built.target.config.vocab_size, "can_step": engine.can_step,
