@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
-import signal
 import weakref
 
 from engine.heap import frozen_heap
@@ -47,20 +45,18 @@ def test_a_server_freezes_what_it_started_with_once_warmed_up():
 
     async def main() -> None:
         server = Server([], "127.0.0.1", free_block(1), 4 << 20)
-
-        async def once_serving() -> None:
-            for _ in range(500):  # up to 5 s for the server to start and freeze
-                if gc.get_freeze_count():
-                    break
-                await asyncio.sleep(0.01)
-            kept.clear()
-            gc.collect()
-            seen["alive_while_serving"] = seen["ref"]() is not None
-            os.kill(os.getpid(), signal.SIGTERM)  # run_until_signal's handler: a graceful stop
-
-        checker = asyncio.create_task(once_serving())
-        await run_until_signal(server, grace_s=0.1, warm_up=warm_up)
-        await checker
+        serving = asyncio.create_task(run_until_signal(server, grace_s=0.1, warm_up=warm_up))
+        for _ in range(500):  # up to 5 s for the server to start and freeze
+            if gc.get_freeze_count():
+                break
+            await asyncio.sleep(0.01)
+        kept.clear()
+        gc.collect()
+        seen["alive_while_serving"] = seen["ref"]() is not None
+        # stopped by cancelling, not by a signal: a stop signal's deadline would end this test process
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await server.stop(0)
 
     try:
         asyncio.run(main())
