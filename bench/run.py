@@ -175,6 +175,9 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),
             "rounds_compacted": sum(f.compacted for f in fused), "rows_joined": sum(f.joined for f in fused),
             "fused_rounds_run": sum(f.rounds for f in fused),
+            # rows x rounds the fused replays carried, and of them rounds run for a row already at max_tokens (a
+            # replay of several rounds): with the tokens, how full a speculative step's rows were
+            "fused_row_rounds": sum(f.row_rounds for f in fused), "rounds_past_end": sum(f.past_end for f in fused),
             "batch_size": case.batch_size, "admission": case.admission,
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),

@@ -107,6 +107,8 @@ class FusedRounds:
         self.rounds_ahead = 0  # of them, rounds that had been launched ahead
         self.compacted = 0  # rounds launched ahead without the rows that had finished (engine/rounds/chained.py)
         self.joined = 0  # rows that joined a chain of rounds launched ahead (their prompt ran beside it)
+        self.row_rounds = 0  # rows x rounds of the rounds read (the bucket's padding rows not counted)
+        self.past_end = 0  # of them, rounds a replay of several ran for a row after it reached max_tokens
 
     @property
     def dropped(self) -> int:
@@ -170,6 +172,7 @@ class FusedRounds:
         if index is not None:
             out = [out[i] for i in index]
         self.rounds += 1
+        self.row_rounds += len(rows) * g.steps
         alloc = self.target.allocator
         results, nexts = [], []
         for i, (r, length, row) in enumerate(zip(rows, lengths, out)):
@@ -198,6 +201,7 @@ class FusedRounds:
         accepted = drafted = 0
         for j in range(g.steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
             if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
+                self.past_end += g.steps - j
                 break
             block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
             a = block[k + 1]

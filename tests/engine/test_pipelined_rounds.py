@@ -60,6 +60,10 @@ def test_two_rounds_a_replay_decode_what_the_eager_engine_decodes(smollm, prompt
     assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
     assert [(o.rounds, o.accepted, o.drafted) for o in got] == [(o.rounds, o.accepted, o.drafted) for o in want]
     assert max(o.rounds for o in got) > 1.5 * dec.fused.rounds  # (one graph read every two rounds)
+    # the rows' rounds the replays carried: each request's rounds but its eager first one or two (its prefill, the
+    # head's first drafts), a round after its EOS inside a replay, and rounds a replay ran past its max_tokens
+    f, rounds = dec.fused, sum(o.rounds for o in got)
+    assert rounds - 2 * len(got) <= f.row_rounds - f.past_end <= rounds and f.row_rounds % 2 == 0
     if pipeline:
         assert dec.fused.rounds_ahead >= 1 and dec.fused.dropped == 0
     dec.fused.expect(())
