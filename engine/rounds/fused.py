@@ -43,9 +43,9 @@ from engine.config import SamplingParams
 from engine.graphs import PAD_SEQ
 from engine.rounds.ahead import Launch, LaunchedAhead
 from engine.rounds.base import RowResult
-from engine.rounds.chained import compact, enter, next_num_draft
+from engine.rounds.chained import compact, enter
 from engine.rounds.graph_store import GraphStore
-from engine.rounds.round_graph import RoundBody, RoundGraph
+from engine.rounds.round_graph import RoundBody, RoundGraph, read_rounds
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
@@ -193,25 +193,12 @@ class FusedRounds:
                 ) -> tuple[RowResult, int]:
         """A row's output (``g.out``'s row; ``q``: its next drafts' q, sampled rows) as its result, and the drafts
         it verifies next round (as engine/rounds/chained.py's ``count_down`` has it)."""
-        k = self.k
-        if not k:  # plain: its steps' tokens, then their number - 1
+        if not self.k:  # plain: its steps' tokens, then their number - 1
             a = row[g.span]
             return RowResult(row[: a + 1], 0, 0), 0
-        committed, rounds, nd, room, drafts = [], [], r.num_draft, r.room, r.drafts
-        accepted = drafted = 0
-        for j in range(g.steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
-            if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
-                self.past_end += g.steps - j
-                break
-            block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
-            a = block[k + 1]
-            d = min(nd, _real(drafts)) if self.one_hot else nd
-            committed += block[: a + 1]
-            accepted, drafted = accepted + a, drafted + d
-            if g.steps > 1:  # (one round: the sums say it all)
-                rounds.append((a + 1, a, d))
-            nd, room, drafts = next_num_draft(r.wanted, room, a), room - a - 1, block[k + 2:]
-        return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd
+        res, nd, past_end = read_rounds(row, g.steps, self.k, self.one_hot, r.num_draft, r.room, r.wanted, r.drafts, q)
+        self.past_end += past_end
+        return res, nd
 
     def _joining(self, rows: Sequence[FusedRow], lengths: Sequence[int], ahead: bool
                  ) -> tuple["RoundGraph", list[int], list[int]] | None:
@@ -346,7 +333,3 @@ class FusedRounds:
                 (self._pad_inputs, k + 1, 0, None), index, self.target.device)
         return dst
 
-
-def _real(drafts: Sequence[int]) -> int:
-    """How many leading drafts are real tokens (the rest are PLACEHOLDER_TOKEN_ID)."""
-    return next((i for i, d in enumerate(drafts) if d < 0), len(drafts))

@@ -4,19 +4,21 @@ rejection-sampled acceptance; then the drafter's next drafts; then the next roun
 (engine/rounds/chained.py) where the graph launches rounds ahead. A plain graph (k 0) runs ``steps`` forwards a
 round, each on the token the one before picked; a greedy speculative graph of ``steps`` > 1 runs that many whole
 rounds a replay, each verifying the drafts the one before made, its inputs chained and counted down on the device as
-a round launched ahead's are (the host's work then comes once per ``steps`` rounds).
+a round launched ahead's are (the host's work then comes once per ``steps`` rounds). ``read_rounds``: a speculative
+replay's output row, read back on the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from engine.attention.static import StaticAttention
 from engine.models import ops
-from engine.rounds.chained import chain, count_down
+from engine.rounds.base import RowResult
+from engine.rounds.chained import chain, count_down, next_num_draft
 from engine.rounds.graph_sampling import Mode, RoundSampling
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
 
@@ -127,3 +129,34 @@ class RoundBody:
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)
         return committed, accepted, aux
+
+
+def read_rounds(row: Sequence[int],        # [steps * (2k + 2)]: a speculative graph's ``out`` row
+                steps: int, k: int, one_hot: bool,
+                num_draft: int,            # the drafts the row verified in the replay's first round
+                room: int,                 # tokens it may still commit (0: unknown)
+                want: int,                 # drafts it verifies a round from the next on, room allowing
+                drafts: Sequence[int],     # [k] the drafts it verified in the first round
+                q: torch.Tensor | None     # [k, V] its next drafts' q (sampled rows)
+                ) -> tuple[RowResult, int, int]:
+    """A row's rounds of one replay -> its result, the drafts it verifies next round (``count_down``'s rule) and how
+    many of the replay's rounds ran past its max_tokens (their output is not read)."""
+    committed, rounds, nd = [], [], num_draft
+    accepted = drafted = 0
+    for j in range(steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
+        if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
+            return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd, steps - j
+        block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
+        a = block[k + 1]
+        d = min(nd, _real(drafts)) if one_hot else nd
+        committed += block[: a + 1]
+        accepted, drafted = accepted + a, drafted + d
+        if steps > 1:  # (one round: the sums say it all)
+            rounds.append((a + 1, a, d))
+        nd, room, drafts = next_num_draft(want, room, a), room - a - 1, block[k + 2:]
+    return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd, 0
+
+
+def _real(drafts: Sequence[int]) -> int:
+    """How many leading drafts are real tokens (the rest are PLACEHOLDER_TOKEN_ID)."""
+    return next((i for i, d in enumerate(drafts) if d < 0), len(drafts))
