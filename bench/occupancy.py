@@ -22,16 +22,13 @@ import json
 
 from bench.datasets import held_out_prompts
 from engine.config import EngineConfig, SamplingParams
-from engine.drafters import DraftSpec, build_drafter
-from engine.runner import ModelRunner
-from engine.spec import SpecDecoder
+from engine.factory import decoder_for
 
 
 def occupancy(model, config: EngineConfig, draft: str, prompts: list[list[int]], batch_size: int,
               max_tokens: int) -> dict:
     """Greedy requests admitted continuously (each next one as one finishes), EOS ignored -> the report above."""
-    dec = SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config,
-                      build_drafter(DraftSpec.parse(draft), model, config))
+    dec = decoder_for(model, config, draft)
     graphs = [g for g in (dec.fused, dec.fused_plain) if g is not None]  # speculative, and plain (demoted rows)
     if not graphs:
         raise ValueError("no fused rounds: they need the engine's graphs (cuda_graphs and fused_rounds on)")

@@ -23,12 +23,11 @@ import torch
 
 from bench.timing import GcClock, PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
-from engine.drafters import DraftSpec, build_drafter
+from engine.factory import decoder_for
 from engine.heap import frozen_heap
 from engine.policy import spec_load
 from engine.rounds.graph_sampling import Mode
 from engine.models.loader import LoadedModel
-from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 
 
@@ -63,8 +62,7 @@ def environment() -> dict:
 
 def _timed_decoder(model: LoadedModel, config: EngineConfig, draft: str) -> tuple[SpecDecoder, PhaseTimer]:
     """A decoder whose drafter and target forward are timed per round (no extra host syncs)."""
-    decoder = SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config,
-                          build_drafter(DraftSpec.parse(draft), model, config))
+    decoder = decoder_for(model, config, draft)
     timer = PhaseTimer(config.device.startswith("cuda"))
     decoder.target.run = timer.wrap("verify", decoder.target.run)
     if decoder.drafter is not None:

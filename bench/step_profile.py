@@ -99,13 +99,11 @@ def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: t
 def profile_round(model, draft: str, k: int, batch: int, context: int, iters: int, top: int,
                   temperature: float = 0.0, spec_rounds: int | None = None) -> dict:
     from engine.config import SamplingParams
-    from engine.drafters import DraftSpec, build_drafter
-    from engine.spec import SpecDecoder
+    from engine.factory import decoder_for
 
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=batch, max_k=max(k, 1),
                        k=k, kv_cache_tokens=batch * (context + 8 * iters + 512) + 4096, spec_rounds=spec_rounds)
-    dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg,
-                      build_drafter(DraftSpec.parse(draft), model, cfg))
+    dec = decoder_for(model, cfg, draft)
     if dec.fused is None:
         raise SystemExit(f"bench.step_profile: {draft} with k={k} takes no fused rounds")
     for i in range(batch):
@@ -147,14 +145,12 @@ def profile_prefill(model, length: int, iters: int, top: int, draft: str = "none
     """A new request's first round (its prefill); with a drafter also its second: the first drafts
     (the drafter's catch-up over the prompt, eagerly) and the first verify."""
     from engine.config import SamplingParams
-    from engine.drafters import DraftSpec, build_drafter
-    from engine.spec import SpecDecoder
+    from engine.factory import decoder_for
 
     k = 0 if draft == "none" else k
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=4, k=k, max_k=max(k, 1),
                        kv_cache_tokens=4 * (length + 64) + 4096)
-    drafter = build_drafter(DraftSpec.parse(draft), model, cfg) if k else None
-    dec = SpecDecoder(ModelRunner(model.model, cfg), model.tokenizer, cfg, drafter)
+    dec = decoder_for(model, cfg, draft if k else None)
     params = SamplingParams(max_tokens=2 * k + 4, ignore_eos=True)
     prompts = [[(7 * i + j) % 1000 + 10 for j in range(length)] for i in range(iters + 4)]
 

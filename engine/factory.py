@@ -46,6 +46,15 @@ class Engine:
     draft: DraftSpec
 
 
+def decoder_for(model: LoadedModel, config: EngineConfig, drafter: "str | DraftSpec | Drafter | None" = "none",
+                local: Drafter | None = None) -> SpecDecoder:
+    """A decoder over an already-loaded target: its runner, and ``drafter`` (a spec such as ``auto`` or ``ngram``,
+    built here, or a drafter already made; none: plain decoding). ``local``: as ``SpecDecoder``'s."""
+    if isinstance(drafter, (str, DraftSpec)):
+        drafter = build_drafter(drafter if isinstance(drafter, DraftSpec) else DraftSpec.parse(drafter), model, config)
+    return SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config, drafter, local=local)
+
+
 def build_engine(model: str | Path | None, draft: str | DraftSpec, config: EngineConfig,
                  progress: bool = True, drafter: Callable[[LoadedModel], Drafter] | None = None,
                  local: str = "none") -> Engine:
@@ -58,9 +67,8 @@ def build_engine(model: str | Path | None, draft: str | DraftSpec, config: Engin
     spec = draft if isinstance(draft, DraftSpec) else DraftSpec.parse(draft)
     target = load_model(path, device=config.device, dtype=config.torch_dtype, progress=progress)
     spec = resolve_draft(spec, target.config, quiet=not progress)
-    runner = ModelRunner(target.model, config)
     if drafter is not None and spec.kind != "none":
         raise ValueError(f"draft: {spec} given beside a drafter of another kind; give one")
     made = drafter(target) if drafter is not None else build_drafter(spec, target, config)
     own = build_drafter(DraftSpec.parse(local), target, config) if drafter is not None else None
-    return Engine(SpecDecoder(runner, target.tokenizer, config, made, local=own), target, config, spec)
+    return Engine(decoder_for(target, config, made, local=own), target, config, spec)

@@ -9,9 +9,8 @@ import torch
 
 from engine.assets import default_model_path
 from engine.config import EngineConfig
-from engine.drafters import DraftSpec, build_drafter
+from engine.factory import decoder_for
 from engine.models.loader import LoadedModel, load_model
-from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 
 
@@ -34,8 +33,7 @@ def make_decoder(model: LoadedModel, draft: str = "none", k: int = 4, kv_cache_t
                  max_batch_size: int = 64, **overrides) -> SpecDecoder:
     config = EngineConfig(kv_cache_tokens=kv_cache_tokens, k=k, max_k=max(8, k), max_batch_size=max_batch_size,
                           **overrides)
-    drafter = build_drafter(DraftSpec.parse(draft), model, config)
-    return SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config, drafter)
+    return decoder_for(model, config, draft)
 
 
 @pytest.fixture(scope="session")

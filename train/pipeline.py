@@ -20,13 +20,12 @@ from typing import Literal, Sequence
 import torch
 
 from engine.config import EngineConfig, SamplingParams
+from engine.factory import decoder_for
 from engine.drafters.eagle import EagleDrafter
 from engine.drafters.model_drafter import ModelDrafter
 from engine.models.eagle import EagleConfig, EagleHead, default_aux_layers, load_eagle, save_eagle
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import LoadedModel
-from engine.runner import ModelRunner
-from engine.spec import SpecDecoder
 from train import corpus
 from train.export import save_hf
 from train.objectives import eagle_loss, lm_loss, teacher
@@ -87,7 +86,7 @@ def serving_copy(drafter_model: torch.nn.Module, target: LoadedModel, config: En
 def acceptance(target: LoadedModel, drafter, prompts: Sequence[Sequence[int]], config: EngineConfig,
                params: SamplingParams) -> float:
     """Mean committed tokens per round (accepted + 1) of the real speculative decoder."""
-    dec = SpecDecoder(ModelRunner(target.model, config), target.tokenizer, config, drafter)
+    dec = decoder_for(target, config, drafter)
     outs = dec.generate(prompts, params)
     committed = sum(o.num_output_tokens for o in outs)
     rounds = sum(o.rounds for o in outs)

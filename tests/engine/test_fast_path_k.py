@@ -119,12 +119,11 @@ def test_an_exit_is_counted_by_reason_and_logged_once(smollm, prompts, caplog):
 def test_a_drafter_without_graph_rounds_is_an_exit(smollm, prompts, plain):
     from engine.config import EngineConfig
     from engine.drafters.ngram import NgramDrafter
-    from engine.runner import ModelRunner
-    from engine.spec import SpecDecoder
+    from engine.factory import decoder_for
 
     config = EngineConfig(kv_cache_tokens=8192, k=3, max_k=8, cuda_graphs=True, fused_rounds=True)
     host_only = NgramDrafter()  # no token history on the device: it drafts on the host only
-    dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, host_only)
+    dec = decoder_for(smollm, config, host_only)
     assert dec.fused is None
     [got] = dec.generate(prompts[:1], GREEDY)
     assert got.new_token_ids == plain[0]

@@ -12,8 +12,8 @@ import pytest
 
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters.ngram import NgramDrafter
+from engine.factory import decoder_for
 from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
-from engine.runner import ModelRunner
 from engine.spec import SpecDecoder
 from tests.conftest import make_decoder
 
@@ -211,10 +211,10 @@ def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smo
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=10)  # two n-gram requests weigh 10
     cost = dataclasses.replace(config, spec_policy="cost")  # the cost rule times a speculative graph: there is none
-    assert SpecDecoder(ModelRunner(smollm.model, cost), smollm.tokenizer, cost, NgramDrafter()).fast.guard is not None
+    assert decoder_for(smollm, cost, NgramDrafter()).fast.guard is not None
     drafted = {}
     for plain_ms in (1e-6, 1e6):
-        dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
+        dec = decoder_for(smollm, config, NgramDrafter())
         assert dec.fused is None and dec.fast.guard is not None and dec.fast.policy is None
         dec.fast.guard.timed({b: plain_ms for b in BUCKETS})
         got = dec.generate(prompts, params)
@@ -260,7 +260,7 @@ def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(
     plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=10)  # two n-gram requests weigh 10
-    dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, NgramDrafter())
+    dec = decoder_for(smollm, config, NgramDrafter())
     first, second, tokens, last, (demoted, _) = _one_then_another(dec, prompts, params)
     assert demoted == {first} and dec.fast.guard.chosen[1] is False
     assert [tokens[first], tokens[second]] == [o.new_token_ids for o in plain]
@@ -283,7 +283,7 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(sm
     released = []
     release = outside.release
     outside.release = lambda rid: (released.append(rid), release(rid))
-    dec = SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, outside, local=local)
+    dec = decoder_for(smollm, config, outside, local=local)
     assert dec.fast.local is local and dec.fused.k == 4 and dec.fast.guard is not None
     first, second, tokens, last, (demoted, moved) = _one_then_another(dec, prompts, params)
     assert moved == {first} and not demoted and first in released

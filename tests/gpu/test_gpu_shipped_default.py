@@ -15,7 +15,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.drafters import DraftSpec, build_drafter
-from engine.runner import ModelRunner
+from engine.factory import decoder_for
 from engine.spec import SpecDecoder
 from rpc.settings import EngineSettings
 from verifier_svc.settings import VerifierSettings
@@ -35,8 +35,7 @@ TEXTS = ["Write a Python function that checks whether a number is prime.", "Name
 
 def _decoder(model, settings: EngineSettings) -> SpecDecoder:
     config = settings.engine_config()
-    return SpecDecoder(ModelRunner(model.model, config), model.tokenizer, config,
-                       build_drafter(DraftSpec.parse(settings.draft), model, config))
+    return decoder_for(model, config, settings.draft)
 
 
 def _greedy(dec: SpecDecoder, prompts, max_tokens: list[int]) -> list[list[int]]:
@@ -85,7 +84,7 @@ def test_a_drafter_outside_the_graph_is_guarded_by_timed_costs(f32, reference):
 
     prompts, lengths, plain = reference
     config = EngineSettings(**NUMERICS).engine_config()
-    dec = SpecDecoder(ModelRunner(f32.model, config), f32.tokenizer, config, NgramDrafter())
+    dec = decoder_for(f32, config, NgramDrafter())
     assert dec.fused is None and dec.fast.guard is not None
     dec.capture_rounds()
     guard = dec.fast.guard
@@ -109,7 +108,7 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one_in
     local = build_drafter(DraftSpec.parse("ngram"), f32, config)
     outside = NgramDrafter()
     outside.batch_weight = 2  # what a drafter service weighs (verifier_svc/remote_drafter.py): 8 requests speculate
-    dec = SpecDecoder(ModelRunner(f32.model, config), f32.tokenizer, config, outside, local=local)
+    dec = decoder_for(f32, config, outside, local=local)
     assert dec.fast.local is local and dec.fused.k and dec.fast.guard is not None
     dec.capture_rounds()
     guard = dec.fast.guard

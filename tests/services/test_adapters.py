@@ -162,13 +162,12 @@ def test_fast_path_exits_are_exported_by_reason(smollm):
 
     from engine.config import EngineConfig
     from engine.drafters.ngram import NgramDrafter
-    from engine.runner import ModelRunner
-    from engine.spec import SpecDecoder
+    from engine.factory import decoder_for
     from rpc.metrics import engine_counter
 
     config = EngineConfig(kv_cache_tokens=8192, k=3, max_k=8, cuda_graphs=True, fused_rounds=True)
     host_only = NgramDrafter()  # no token history on the device: it drafts on the host only
-    eng = VerifierEngine(SpecDecoder(ModelRunner(smollm.model, config), smollm.tokenizer, config, host_only))
+    eng = VerifierEngine(decoder_for(smollm, config, host_only))
     registry = CollectorRegistry()
     engine_counter("tandem_fast_path_exits", "exits", "reason", eng.fast_path_exits, registry)
     prompt = smollm.tokenizer.encode_chat([{"role": "user", "content": "Count to five."}])
