@@ -87,14 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-rounds", type=int, default=2, help="speculative rounds a replay at 16 rows or more")
     p.add_argument("--spec-max-batch", type=int, default=16, help="the load limit on speculation (the serving default)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--attention", default="auto", choices=("auto", "torch", "flashinfer"),
+                   help="the prompts' attention backend (as tandem bench's)")
     p.add_argument("--model", default=None, help="GGUF (default: the packaged SmolLM2)")
     args = p.parse_args(argv)
-    model = load_model(args.model or default_model_path(quiet=True), device=args.device, progress=False)
-    prompts = held_out_prompts(args.dataset, model.tokenizer, args.num_prompts)
     config = EngineConfig(device=args.device, dtype="float32" if args.device == "cpu" else "bfloat16",
-                          kv_cache_tokens=65536, max_batch_size=max(64, args.batch_size),
+                          attention=args.attention, kv_cache_tokens=65536, max_batch_size=max(64, args.batch_size),
                           k=0 if args.draft == "none" else args.k, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=args.spec_max_batch, pipeline_max_batch=64, spec_rounds=args.spec_rounds)
+    model = load_model(args.model or default_model_path(quiet=True), device=args.device, dtype=config.torch_dtype,
+                       progress=False)
+    prompts = held_out_prompts(args.dataset, model.tokenizer, args.num_prompts)
     print(json.dumps(occupancy(model, config, args.draft, prompts, args.batch_size, args.max_tokens)))
     return 0
 
