@@ -10,9 +10,10 @@ replay, how many rows it held:
 
 - ``steady``: the replays before the last arrival: how many, and their rows' mean over the batch size;
 - ``drain``: the replays after it, the same;
-- ``row_rounds`` (rows x rounds carried), ``past_end`` (of them, rounds past a row's max_tokens),
-  ``request_rounds`` (the rounds the requests committed tokens in) and ``eager_rounds`` (of those, rounds outside
-  a replay: each request's prefill, and a drafter's first drafts where it makes them eagerly).
+- ``row_rounds`` (rows x rounds carried; a plain round of several steps: rows x steps), ``past_end`` (of them,
+  rounds past a row's max_tokens), ``request_rounds`` (the rounds the requests committed tokens in) and
+  ``eager_rounds`` (of those, rounds outside a replay: each request's prefill, and a drafter's first drafts where it
+  makes them eagerly).
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ def occupancy(model, config: EngineConfig, draft: str, prompts: list[list[int]],
     if not graphs:
         raise ValueError("no fused rounds: they need the engine's graphs (cuda_graphs and fused_rounds on)")
     replays: list[tuple[int, bool]] = []  # (rows, after the last arrival)
+    carried = 0  # request rounds the replays committed tokens in (a plain round of several steps: one)
     taken, drained = 0, False
 
     def counted(run):
         def wrapped(rows, ahead=False):
+            nonlocal carried
             replays.append((len(rows), drained))
-            return run(rows, ahead)
+            results = run(rows, ahead)
+            carried += sum(len(r.rounds) or 1 for r in results if r is not None)
+            return results
         return wrapped
 
     for g in graphs:
@@ -69,7 +74,7 @@ def occupancy(model, config: EngineConfig, draft: str, prompts: list[list[int]],
     return {"draft": draft, "batch_size": batch_size, "prompts": len(prompts), "max_tokens": max_tokens,
             "steady": share([r for r, d in replays if not d]), "drain": share([r for r, d in replays if d]),
             "row_rounds": row_rounds, "past_end": past_end, "request_rounds": request_rounds,
-            "eager_rounds": request_rounds - (row_rounds - past_end)}
+            "eager_rounds": request_rounds - carried}
 
 
 def main(argv: list[str] | None = None) -> int:
