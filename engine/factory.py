@@ -46,7 +46,7 @@ class Engine:
     draft: DraftSpec
 
 
-def decoder_for(model: LoadedModel, config: EngineConfig, drafter: "str | DraftSpec | Drafter | None" = "none",
+def decoder_for(model: LoadedModel, config: EngineConfig, drafter: str | DraftSpec | Drafter | None = "none",
                 local: Drafter | None = None) -> SpecDecoder:
     """A decoder over an already-loaded target: its runner, and ``drafter`` (a spec such as ``auto`` or ``ngram``,
     built here, or a drafter already made; none: plain decoding). ``local``: as ``SpecDecoder``'s."""

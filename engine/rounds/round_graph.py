@@ -142,10 +142,11 @@ def read_rounds(row: Sequence[int],        # [steps * (2k + 2)]: a speculative g
     """A row's rounds of one replay -> its result, the drafts it verifies next round (``count_down``'s rule) and how
     many of the replay's rounds ran past its max_tokens (their output is not read)."""
     committed, rounds, nd = [], [], num_draft
-    accepted = drafted = 0
+    accepted = drafted = past_end = 0
     for j in range(steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
         if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
-            return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd, steps - j
+            past_end = steps - j
+            break
         block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
         a = block[k + 1]
         d = min(nd, _real(drafts)) if one_hot else nd
@@ -154,7 +155,7 @@ def read_rounds(row: Sequence[int],        # [steps * (2k + 2)]: a speculative g
         if steps > 1:  # (one round: the sums say it all)
             rounds.append((a + 1, a, d))
         nd, room, drafts = next_num_draft(want, room, a), room - a - 1, block[k + 2:]
-    return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd, 0
+    return RowResult(committed, accepted, drafted, drafts, q, tuple(rounds)), nd, past_end
 
 
 def _real(drafts: Sequence[int]) -> int:
