@@ -8,8 +8,8 @@ import random
 import time
 from typing import Sequence
 
-from bench.run import _timed_decoder, engine_name, round_split
-from bench.timing import TokenClock, now_synced, peak_memory_mib, reset_peak_memory
+from bench.run import _timed_decoder, engine_name, round_split, warm_up
+from bench.timing import CompileClock, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.models.loader import LoadedModel
 
@@ -28,35 +28,38 @@ def run_load(model: LoadedModel, config: EngineConfig, draft: str, prompts: Sequ
              max_tokens: int, temperature: float, seed: int, max_round_tokens: int | None) -> dict:
     cfg = dataclasses.replace(config, k=0 if draft == "none" else config.k, max_round_tokens=max_round_tokens)
     decoder, timer = _timed_decoder(model, cfg, draft)
-    decoder.capture_prefills()  # warm-up: the prefill graph of every prompt length, then one request
-    decoder.generate([list(prompts[0])], SamplingParams(max_tokens=8, ignore_eos=True))
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i)
+              for i in range(len(prompts))]
+    decoder.capture_prefills()  # warm-up: the prefill graph of every prompt length, then two requests, one joining
+    warm_up(decoder, prompts, params, 2)
     timer.marks.clear()
     reset_peak_memory()
     arrivals = arrival_times(len(prompts), rate, seed)
     clock = TokenClock()
     tokens, nxt = 0, 0
-    start = now_synced()
-    while nxt < len(prompts) or decoder.has_unfinished():
-        now = time.perf_counter() - start
-        while nxt < len(prompts) and arrivals[nxt] <= now:
-            params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + nxt)
-            clock.arrive(decoder.add_request(list(prompts[nxt]), params, request_id=f"load-{nxt}"),
-                         start + arrivals[nxt])
-            nxt += 1
-        if not decoder.has_unfinished():
-            time.sleep(max(0.0, arrivals[nxt] - (time.perf_counter() - start)))
-            continue
-        outs = decoder.step()
-        t = time.perf_counter()
-        for o in outs:
-            clock.tokens(o.request_id, len(o.new_token_ids), t)
-            tokens += len(o.new_token_ids)
-    elapsed = now_synced() - start
+    with CompileClock() as compiles:  # kernels built or graphs captured under load: a warm-up that missed one
+        start = now_synced()
+        while nxt < len(prompts) or decoder.has_unfinished():
+            now = time.perf_counter() - start
+            while nxt < len(prompts) and arrivals[nxt] <= now:
+                clock.arrive(decoder.add_request(list(prompts[nxt]), params[nxt], request_id=f"load-{nxt}"),
+                             start + arrivals[nxt])
+                nxt += 1
+            if not decoder.has_unfinished():
+                time.sleep(max(0.0, arrivals[nxt] - (time.perf_counter() - start)))
+                continue
+            outs = decoder.step()
+            t = time.perf_counter()
+            for o in outs:
+                clock.tokens(o.request_id, len(o.new_token_ids), t)
+                tokens += len(o.new_token_ids)
+        elapsed = now_synced() - start
     return {"engine": engine_name(draft), "scenario": "poisson", "draft": draft, "k": cfg.k,
             "arrival_rate": rate, "max_round_tokens": max_round_tokens, "batch_size": None,
             "temperature": temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 2),
-            "acceptance_length": None, **clock.summary(), "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
+            "acceptance_length": None, **clock.summary(), **compiles.summary(), "peak_memory_mib": peak_memory_mib(),
+            **round_split(timer)}
 
 
 def markdown(rows: Sequence[dict]) -> str:

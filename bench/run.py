@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from bench.timing import GcClock, PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
+from bench.timing import CompileClock, GcClock, PhaseTimer, TokenClock, now_synced, peak_memory_mib, reset_peak_memory
 from engine.config import EngineConfig, SamplingParams
 from engine.factory import decoder_for
 from engine.heap import frozen_heap
@@ -121,8 +121,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     decoder.capture_prefills()
     # as a server does: the round graphs of every size this case runs captured (and timed, for the batch policy)
     decoder.capture_rounds(case.batch_size, [Mode.GREEDY if case.temperature == 0 else Mode.SAMPLED])
-    first = [list(p) for p in prompts[: case.batch_size]]
-    decoder.generate(first, [dataclasses.replace(sp, max_tokens=8) for sp in params[: len(first)]])
+    warm_up(decoder, prompts, params, case.batch_size)
     timer.marks.clear()
     reset_peak_memory()
     clock = TokenClock()
@@ -137,7 +136,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
 
     # as a server does after its warm-up (rpc/server.py), what is alive now (model, decoder, datasets) is kept out of
     # the collections inside the timed passes, which the gc columns count
-    with frozen_heap() as frozen, GcClock() as gc_clock:
+    with frozen_heap() as frozen, GcClock() as gc_clock, CompileClock() as compiles:
         start = now_synced()
         while passes == 0 or now_synced() - start < min_seconds:
             queue = iter(range(len(prompts)))
@@ -181,7 +180,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
             "passes": passes, "wave_tail": wave_tail(wave_rounds) if waves else None,
-            **clock.summary(), **gc_clock.summary(), "gc_frozen": frozen, "peak_memory_mib": peak_memory_mib(),
+            **clock.summary(), **gc_clock.summary(), "gc_frozen": frozen, **compiles.summary(), "peak_memory_mib": peak_memory_mib(),
             **round_split(timer)}
     # the decoder (KV caches, graph pools) holds cycles through its timed wrappers: free it before the next case
     del decoder, timer
@@ -189,6 +188,24 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
+
+
+def warm_up(decoder, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], batch_size: int) -> None:
+    """A short run of the case's first batch (8 tokens a request) in which, once a request finishes, the next prompt
+    arrives and joins the rows still running, as continuous admission and a server's arrivals do: its prefill and
+    first round beside a running chain compile what they need (new kernel specializations for a one-row eager
+    round) before the clock starts."""
+    short = [dataclasses.replace(sp, max_tokens=8) for sp in params]
+    n = min(batch_size, len(prompts))
+    for j in range(n):
+        decoder.add_request(list(prompts[j]), short[j], request_id=f"warm-up-{j}")
+    joined = False
+    while decoder.has_unfinished():
+        outs = decoder.step()
+        if not joined and any(o.finished for o in outs):
+            j = n % len(prompts)
+            decoder.add_request(list(prompts[j]), short[j], request_id="warm-up-joins")
+            joined = True
 
 
 def wave_tail(waves: Sequence[Sequence[int]]) -> float | None:
@@ -214,7 +231,8 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
             "acceptance_length", "wave_tail", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
-            "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "gc_full", "gc_ms", "peak_memory_mib"]
+            "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "gc_full", "gc_ms", "jit_compiles",
+            "graphs_captured", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -161,3 +161,52 @@ class GcClock:
 
     def summary(self) -> dict:
         return {"gc_collections": sum(self.count), "gc_full": self.count[2], "gc_ms": round(self.ms, 2)}
+
+
+class CompileClock:
+    """Kernels built while it is entered (``with CompileClock() as compiles``): Triton JIT compiles (a kernel's first
+    call with a new specialization: its constexprs, its dtypes, which integer arguments equal 1 or divide by 16; a
+    compile found in Triton's disk cache counts too, it still takes milliseconds) with the milliseconds they took,
+    and CUDA graphs captured (``engine.graphs.captured``). Inside a bench case's timed passes either means its
+    warm-up missed a path the case runs."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.ms = 0.0
+        self.graphs = 0
+        self._start = 0.0
+        self._saved: tuple = ()
+        self._graphs0 = 0
+        self.kernels: set[str] = set()  # the compiled kernels' names
+
+    def _before(self, **_) -> None:  # triton.knobs.runtime.jit_cache_hook: falsy, so the compile goes on
+        self._start = time.perf_counter()
+
+    def _after(self, fn=None, **_) -> None:  # jit_post_compile_hook
+        self.compiles += 1
+        self.kernels.add(getattr(fn, "name", "?"))
+        self.ms += (time.perf_counter() - self._start) * 1e3
+
+    def __enter__(self) -> "CompileClock":
+        from triton import knobs
+
+        from engine.graphs import captured
+
+        self._saved = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)
+        if any(h is not None for h in self._saved):
+            raise RuntimeError("CompileClock: Triton's JIT hooks are taken by someone else")
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._before, self._after
+        self._graphs0 = captured()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from triton import knobs
+
+        from engine.graphs import captured
+
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._saved
+        self.graphs = captured() - self._graphs0
+
+    def summary(self) -> dict:
+        return {"jit_compiles": self.compiles, "jit_ms": round(self.ms, 1), "jit_kernels": sorted(self.kernels),
+                "graphs_captured": self.graphs}

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXT_BUCKETS = (512, 2048, 8192, 32768)  # tokens a row may hold; capped by the engine's max context
 MAX_GRAPH_TOKENS = 512  # rows * q_len of the largest multi-token (verify) bucket
+_captured = [0]  # CUDA graphs this process has captured (``captured``)
 PAD_SEQ = "__tandem_graph_pad__"  # the allocator sequence owning the scratch block padding rows write to
 
 
@@ -82,7 +83,14 @@ def capture(record: Callable[[], None], warm_up: Callable[[], None], pool, devic
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             record()
+    _captured[0] += 1
     return graph
+
+
+def captured() -> int:
+    """How many CUDA graphs this process has captured so far, by every store (a bench counts those of its timed
+    passes: a graph captured there is a warm-up that missed a shape)."""
+    return _captured[0]
 
 
 def keep_outputs(bucket, logits: torch.Tensor, hidden: torch.Tensor, aux: torch.Tensor | None) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.load import arrival_times
-from bench.timing import GcClock, TokenClock, percentile
+from bench.timing import CompileClock, GcClock, TokenClock, percentile
 from cli.main import main
 
 
@@ -89,6 +89,17 @@ def test_gc_clock_counts_the_collections_inside_it_and_only_those():
     assert clock._callback not in gc.callbacks
 
 
+def test_compile_clock_holds_tritons_jit_hooks_only_while_entered():
+    from triton import knobs
+
+    with CompileClock() as clock:
+        assert (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook) == (clock._before, clock._after)
+        with pytest.raises(RuntimeError, match="hooks are taken"):
+            CompileClock().__enter__()  # one clock at a time: a second would lose the first's counts
+    assert (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook) == (None, None)
+    assert clock.summary() == {"jit_compiles": 0, "jit_ms": 0.0, "jit_kernels": [], "graphs_captured": 0}
+
+
 def test_bench_writes_rows_table_and_plot(tmp_path):
     code = main(["bench", "--name", "cpu-smoke", "--dataset", "humaneval", "--num-prompts", "2", "--batch-sizes", "1,2",
                  "--drafts", "none,ngram", "--baselines", "hf-eager,hf-prompt-lookup", "--temperatures", "0",
@@ -111,6 +122,8 @@ def test_bench_writes_rows_table_and_plot(tmp_path):
     assert all(r["speedup_vs_plain"] == 1.0 and r["acceptance_length"] == 1.0 for r in plain)
     assert all(r["ttft_ms_p50"] > 0 and r["round_ms"] >= r["verify_ms"] > 0 for r in plain)
     assert all(isinstance(r["gc_full"], int) and r["gc_ms"] >= 0 for r in fixed if r["engine"].startswith("tandem"))
+    # nothing compiled or captured in the timed passes (on the CPU nothing is; tests/gpu/test_gpu_warm_up.py on a GPU)
+    assert all((r["jit_compiles"], r["graphs_captured"]) == (0, 0) for r in fixed if r["engine"].startswith("tandem"))
     # the loaded model's ~300k objects left out of the timed passes' collections, as a server leaves them
     assert all(r["gc_frozen"] > 100_000 for r in fixed if r["engine"].startswith("tandem"))
     load = [r for r in rows if r.get("scenario") == "poisson"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 
@@ -22,17 +23,23 @@ log = logging.getLogger("tandem.verifier")
 
 
 def warm_up(engine: VerifierEngine) -> None:
-    """One tiny request through prefill, verify and (co-located) two steps, the second a fused round: kernels
-    compiled (and the one-request graphs, and the prefill graph of every prompt length, captured) before SERVING."""
+    """Tiny requests through prefill, verify and (co-located) steps, the later ones fused rounds: kernels compiled (and
+    the round graphs, and the prefill graph of every prompt length, captured) before SERVING. A sampled request
+    joins the running greedy one, as a later arrival does: its eager first round and the sampled kernels (new
+    Triton specializations) compile here, not in the first sampled request a user sends."""
     engine.decoder.capture_prefills()
     if engine.can_step:  # co-located: the round graphs of every batch size a Serve stream's rounds will take
         engine.decoder.capture_rounds()
-    ids = ["warmup"]
-    engine.prefill([PrefillItem("warmup", [1, 2, 3, 4], [], SamplingParams(max_tokens=32, ignore_eos=True, seed=0))])
-    engine.verify([RoundItem("warmup", [5])])
-    if engine.can_step:
-        engine.step(ids, [None])
-        engine.step(ids, [None])
+    greedy = SamplingParams(max_tokens=32, ignore_eos=True, seed=0)
+    sampled = dataclasses.replace(greedy, temperature=0.7)
+    ids: list[str] = []
+    for rid, params in (("warmup", greedy), ("warmup-sampled", sampled)):
+        engine.prefill([PrefillItem(rid, [1, 2, 3, 4], [], params)])
+        engine.verify([RoundItem(rid, [5])])
+        ids.append(rid)
+        if engine.can_step:
+            engine.step(ids, [None] * len(ids))
+            engine.step(ids, [None] * len(ids))
     engine.release(ids)
 
 
