@@ -73,7 +73,9 @@ def test_requests_wait_for_kv_room_instead_of_failing(colocated):
     stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=1024)
     try:
         async def three():
-            return await asyncio.gather(*(generate(stack.gateway, chat_request(t, 600, ignore_eos=True))
+            # one at a time, so the last waits for two others' 600 tokens: on a loaded 2-core CPU that once took
+            # longer than generate's default 300 s deadline
+            return await asyncio.gather(*(generate(stack.gateway, chat_request(t, 600, ignore_eos=True), timeout=900)
                                           for t in TEXTS))
 
         results = run(three())
