@@ -180,8 +180,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
             "passes": passes, "wave_tail": wave_tail(wave_rounds) if waves else None,
-            **clock.summary(), **gc_clock.summary(), "gc_frozen": frozen, **compiles.summary(), "peak_memory_mib": peak_memory_mib(),
-            **round_split(timer)}
+            **clock.summary(), **gc_clock.summary(), "gc_frozen": frozen, **compiles.summary(),
+            "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
     # the decoder (KV caches, graph pools) holds cycles through its timed wrappers: free it before the next case
     del decoder, timer
     gc.collect()

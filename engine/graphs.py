@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXT_BUCKETS = (512, 2048, 8192, 32768)  # tokens a row may hold; capped by the engine's max context
 MAX_GRAPH_TOKENS = 512  # rows * q_len of the largest multi-token (verify) bucket
-_captured = [0]  # CUDA graphs this process has captured (``captured``)
 PAD_SEQ = "__tandem_graph_pad__"  # the allocator sequence owning the scratch block padding rows write to
+_captured = [0]  # CUDA graphs this process has captured (``captured``)
 
 
 @dataclass
