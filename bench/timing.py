@@ -175,7 +175,6 @@ class CompileClock:
         self.ms = 0.0
         self.graphs = 0
         self._start = 0.0
-        self._saved: tuple = ()
         self._graphs0 = 0
         self.kernels: set[str] = set()  # the compiled kernels' names
 
@@ -192,8 +191,7 @@ class CompileClock:
 
         from engine.graphs import captured
 
-        self._saved = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)
-        if any(h is not None for h in self._saved):
+        if (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook) != (None, None):
             raise RuntimeError("CompileClock: Triton's JIT hooks are taken by someone else")
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._before, self._after
         self._graphs0 = captured()
@@ -204,7 +202,7 @@ class CompileClock:
 
         from engine.graphs import captured
 
-        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._saved
+        knobs.runtime.jit_cache_hook = knobs.runtime.jit_post_compile_hook = None  # free, as __enter__ found them
         self.graphs = captured() - self._graphs0
 
     def summary(self) -> dict:
