@@ -51,7 +51,11 @@ def warm_up(engine: DrafterEngine) -> None:
     feats = torch.zeros(4, engine.feature_size) if engine.feature_size else None  # a feature-fed head drafts too
     engine.draft([DraftItem("warmup", 0, [1, 2, 3, 1, 2], 2, params, feats, 0)])
     engine.draft([DraftItem("warmup", 5, [3], 3, SamplingParams())])
-    engine.release(["warmup"])
+    # two rows in one call, a greedy one and a sampled one, as the verifier's rounds send them
+    pair = (("warmup-greedy", SamplingParams()), ("warmup-sampled", params))
+    engine.draft([DraftItem(rid, 0, [1, 2, 3, 1, 2], 3, p, feats, 0) for rid, p in pair])
+    engine.draft([DraftItem(rid, 5, [3], 3, p) for rid, p in pair])
+    engine.release(["warmup"] + [rid for rid, _ in pair])
 
 
 async def serve(settings: DrafterSettings) -> None:

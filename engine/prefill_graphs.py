@@ -184,6 +184,21 @@ class PrefillGraphs:
                     self._build(*key)
         return len(self._buckets)
 
+    def capture_chunks(self, max_rows: int, contexts: int = 2, aux_layers: tuple[int, ...] = (), features: int = 0
+                       ) -> int:
+        """Build now the buckets of short chunks further into a sequence, for 1 .. ``max_rows`` rows within the
+        first ``contexts`` context buckets: what a drafter's catch-up over a round's committed tokens (2 .. k + 1
+        of them, one logit; a single token is a uniform step) takes, round after round, so that no round waits for
+        a capture. Returns how many it built."""
+        q, built = PREFILL_BUCKETS[0], 0
+        for ctx in self.context_buckets[:contexts]:
+            for rows in (r for r in PREFILL_ROWS if r <= max_rows):
+                key = self.group_for([(ctx - q, self.min_tokens, 1)] * rows, aux_layers, features)
+                if key is not None and key not in self._buckets:
+                    self._build(*key)
+                    built += 1
+        return built
+
     @property
     def num_captured(self) -> int:
         return sum(b.graph is not None for b in self._buckets.values())

@@ -25,15 +25,20 @@ log = logging.getLogger("tandem.verifier")
 def warm_up(engine: VerifierEngine) -> None:
     """Tiny requests through prefill, verify and (co-located) steps, the later ones fused rounds: kernels compiled (and
     the round graphs, and the prefill graph of every prompt length, captured) before SERVING. A sampled request
-    joins the running greedy one, as a later arrival does: its eager first round and the sampled kernels (new
-    Triton specializations) compile here, not in the first sampled request a user sends."""
+    joins the running greedy one, as a later arrival does, then one with top-k and top-p filters: their eager first
+    rounds and the sampled and filtering kernels (new Triton specializations) compile here, not in the first such
+    request a user sends."""
+    from engine.rounds.graph_sampling import Mode
+
     engine.decoder.capture_prefills()
-    if engine.can_step:  # co-located: the round graphs of every batch size a Serve stream's rounds will take
-        engine.decoder.capture_rounds()
+    if engine.can_step:  # co-located: the round graphs of every batch size a Serve stream's rounds will take, in
+        # every sampling mode (a request with top-k / top-p moves its rounds to the filtered graphs)
+        engine.decoder.capture_rounds(modes=tuple(Mode))
     greedy = SamplingParams(max_tokens=32, ignore_eos=True, seed=0)
     sampled = dataclasses.replace(greedy, temperature=0.7)
+    filtered = dataclasses.replace(sampled, top_k=20, top_p=0.9)
     ids: list[str] = []
-    for rid, params in (("warmup", greedy), ("warmup-sampled", sampled)):
+    for rid, params in (("warmup", greedy), ("warmup-sampled", sampled), ("warmup-filtered", filtered)):
         engine.prefill([PrefillItem(rid, [1, 2, 3, 4], [], params)])
         engine.verify([RoundItem(rid, [5])])
         ids.append(rid)

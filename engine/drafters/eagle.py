@@ -73,11 +73,14 @@ class EagleDrafter:
         return EagleProgram(self, rows, k, max_blocks, sampled)
 
     def capture_prefills(self) -> int:
-        """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests; and
-        the steps ``propose`` replays for small batches (a catch-up of 1 .. k + 1 entries, the draft chain's
-        single ones) up to ``STEP_CAPTURE_ROWS`` rows: a drafter service drafts every round through them. Returns
-        how many graphs it captured."""
+        """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests; the
+        short catch-ups of 2 .. k + 1 entries further in (the first two context buckets); and the steps
+        ``propose`` replays for small batches (a catch-up of 1 .. k + 1 entries, the draft chain's single ones),
+        both up to ``STEP_CAPTURE_ROWS`` rows: a drafter service drafts every round through them. Returns how many
+        graphs it captured."""
         n = self.runner.capture_prefills(features=self.head.config.hidden_size)
+        if self.runner.prefill_graphs is not None and self.runner.prefill_graphs.capture:
+            n += self.runner.prefill_graphs.capture_chunks(STEP_CAPTURE_ROWS, features=self.head.config.hidden_size)
         graphs = self.runner.graphs
         if graphs is not None and graphs.capture:
             n += graphs.capture_all(tuple(range(1, self.k + 2)), features=self.head.config.hidden_size,

@@ -132,3 +132,31 @@ def test_head_forwards_with_feature_rows_take_the_graph_buckets(smollm, head, pr
     width = fa.shape[1]
     assert all(key[-1] == width for key in [*static.graphs._buckets, *static.prefill_graphs._buckets])
     assert (2, 1, 512, (), width) in static.graphs._buckets and (1, 32, 512, (), width) in static.prefill_graphs._buckets
+
+
+def test_a_drafter_services_catch_ups_take_buckets_built_up_front():
+    """A drafter service's rounds catch its head up over each row's committed tokens (2 .. k + 1 of them, deep in
+    the sequence): ``capture_chunks`` builds those buckets up front (on a GPU, with the head's other graphs before
+    SERVING), so a greedy and a sampled row drafted together, round after round, build none of their own."""
+    from drafter_svc.main import build
+    from drafter_svc.service import DraftItem
+    from drafter_svc.settings import DrafterSettings
+    from engine.drafters.eagle import STEP_CAPTURE_ROWS
+
+    settings = DrafterSettings(device="cpu", draft="auto")
+    engine = build(settings, dataclasses.replace(settings.engine_config(wire=True), cuda_graphs=True))
+    pg, width = engine.drafter.runner.prefill_graphs, engine.drafter.head.config.hidden_size  # fused features
+    pg.capture_prompts(features=width)  # what EagleDrafter.capture_prefills builds on a GPU, the prompts' first
+    assert pg.capture_chunks(STEP_CAPTURE_ROWS, features=width) == 8  # 1, 2, 4, 8 rows x 2 contexts
+    before = set(pg._buckets)
+    feats = lambda n: torch.randn(n, engine.feature_size)  # noqa: E731  (the target's layers, as the wire sends)
+    rows = (("a", GREEDY, list(range(10, 40))), ("b", SamplingParams(temperature=0.9, seed=7), list(range(50, 67))))
+    out = engine.draft([DraftItem(rid, 0, toks, 4, p, feats(len(toks) - 1), 0) for rid, p, toks in rows])
+    for step in range(3):
+        starts = {rid: len(toks) + 2 * step for rid, _, toks in rows}
+        out = engine.draft([DraftItem(rid, starts[rid], [5, 6], 4, p, feats(2), starts[rid] - 1)
+                            for rid, p, _ in rows])
+        assert all(len(d.tokens) == 4 for d in out), out
+    out = engine.draft([DraftItem("a", 36, [7, 8, 9], 4, GREEDY, feats(3), 35)])  # one row, three tokens
+    assert len(out[0].tokens) == 4
+    assert set(pg._buckets) == before
