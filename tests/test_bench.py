@@ -101,7 +101,7 @@ def test_compile_clock_holds_tritons_jit_hooks_only_while_entered():
 
 
 def test_bench_writes_rows_table_and_plot(tmp_path):
-    code = main(["bench", "--name", "cpu-smoke", "--dataset", "humaneval", "--num-prompts", "2", "--batch-sizes", "1,2",
+    code = main(["bench", "--name", "cpu-smoke", "--dataset", "sharegpt", "--num-prompts", "2", "--batch-sizes", "1,2",
                  "--drafts", "none,ngram", "--baselines", "hf-eager,hf-prompt-lookup", "--temperatures", "0",
                  "--max-tokens", "4", "--arrival-rate", "50", "--round-token-budgets", "0,16", "--device", "cpu",
                  "--out-dir", str(tmp_path)])
@@ -138,7 +138,7 @@ def test_bench_admits_prompts_continuously(tmp_path):
     """--admission continuous: the next prompt arrives as soon as one finishes (a server's batch refilling); every
     prompt still streams all its tokens, each row's speedup is against plain decoding admitted the same way, and an
     unknown admission is refused."""
-    code = main(["bench", "--name", "cont", "--dataset", "humaneval", "--num-prompts", "5", "--batch-sizes", "2",
+    code = main(["bench", "--name", "cont", "--dataset", "sharegpt", "--num-prompts", "5", "--batch-sizes", "2",
                  "--drafts", "none,ngram", "--baselines", "none", "--temperatures", "0", "--max-tokens", "6",
                  "--admission", "waves,continuous", "--device", "cpu", "--out-dir", str(tmp_path)])
     assert code == 0

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path, capsys):
     code = main(["bench-serve", "--name", "t", "--out-dir", str(tmp_path), "--servers", "tandem-colocated",
                  "--concurrency", "1,3", "--num-prompts", "5", "--max-tokens", "6", "--draft", "ngram",
+                 "--dataset", "sharegpt",
                  "--device", "cpu", "--kv-cache-tokens", "8192", "--client-processes", "2", "--in-process"])
     assert code == 0
     rows = json.loads((tmp_path / "t.json").read_text())
@@ -52,6 +53,7 @@ def test_bench_serve_runs_a_stack_per_tracing_setting(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # the services' exporters send every 0.2 s
     code = main(["bench-serve", "--name", "t", "--out-dir", str(tmp_path), "--servers", "tandem-colocated",
                  "--tracing", "off,on", "--concurrency", "2", "--num-prompts", "3", "--max-tokens", "5",
+                 "--dataset", "sharegpt",
                  "--draft", "ngram", "--device", "cpu", "--kv-cache-tokens", "8192", "--client-processes", "1"])
     assert code == 0
     rows = json.loads((tmp_path / "t.json").read_text())
