@@ -28,13 +28,18 @@ def clock(what, fn):
           f"{(torch.cuda.memory_reserved() - m0) / 2**20:.0f} MiB reserved", flush=True)
 
 
-settings = VerifierSettings(device="cuda", draft="auto", attention="torch", engine_process=False)
-dec = build_engine(settings.model, settings.draft, settings.engine_config(), progress=False).decoder
-clock("verifier prefills", dec.capture_prefills)
-clock("verifier rounds, greedy + sampled", lambda: dec.capture_rounds(modes=(Mode.GREEDY, Mode.SAMPLED)))
-clock("verifier rounds, filtered", lambda: dec.capture_rounds(modes=(Mode.FILTERED,)))
-ds = DrafterSettings(device="cuda", draft="auto", attention="torch")
-d = build(ds, ds.engine_config(wire=True)).drafter
-pg, width = d.runner.prefill_graphs, d.head.config.hidden_size
-clock("drafter prompts", lambda: pg.capture_prompts(features=width))
-clock("drafter catch-up chunks", lambda: pg.capture_chunks(8, features=width))
+def main() -> None:
+    settings = VerifierSettings(device="cuda", draft="auto", attention="torch", engine_process=False)
+    dec = build_engine(settings.model, settings.draft, settings.engine_config(), progress=False).decoder
+    clock("verifier prefills", dec.capture_prefills)
+    clock("verifier rounds, greedy + sampled", lambda: dec.capture_rounds(modes=(Mode.GREEDY, Mode.SAMPLED)))
+    clock("verifier rounds, filtered", lambda: dec.capture_rounds(modes=(Mode.FILTERED,)))
+    ds = DrafterSettings(device="cuda", draft="auto", attention="torch")
+    d = build(ds, ds.engine_config(wire=True)).drafter
+    pg, width = d.runner.prefill_graphs, d.head.config.hidden_size
+    clock("drafter prompts", lambda: pg.capture_prompts(features=width))
+    clock("drafter catch-up chunks", lambda: pg.capture_chunks(8, features=width))
+
+
+if __name__ == "__main__":
+    main()

@@ -282,10 +282,10 @@ class SpecDecoder:
     def capture_rounds(self, max_batch: int | None = None, modes: Sequence[Mode] | None = None) -> int:
         """On a GPU: capture the round graphs of every batch size a server will run (``FastPath.capture``), before
         requests arrive; returns how many were built (0 without fused rounds). ``max_batch`` (default the
-        engine's) and ``modes`` (default greedy and sampled): only those a caller will run (a benchmark's). A
-        drafter that drafts outside the graphs (a drafter service's, verifier_svc/remote_drafter.py): the
-        target's verify steps its eager rounds replay (k + 1 tokens a row, with the features it reads), up to
-        the batch sizes that speculate."""
+        engine's) and ``modes`` (default all three: greedy, sampled, filtered): only those a caller will run (a
+        benchmark's). A drafter that drafts outside the graphs (a drafter service's,
+        verifier_svc/remote_drafter.py): the target's verify steps its eager rounds replay (k + 1 tokens a row,
+        with the features it reads), up to the batch sizes that speculate."""
         max_batch = max_batch or self.config.max_batch_size
         n = self.fast.capture(max_batch, self.config.spec_max_batch, modes, self.scheduler.weight)
         graphs, d, k = self.target.graphs, self.drafter, self.config.k

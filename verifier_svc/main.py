@@ -28,12 +28,9 @@ def warm_up(engine: VerifierEngine) -> None:
     joins the running greedy one, as a later arrival does, then one with top-k and top-p filters: their eager first
     rounds and the sampled and filtering kernels (new Triton specializations) compile here, not in the first such
     request a user sends."""
-    from engine.rounds.graph_sampling import Mode
-
     engine.decoder.capture_prefills()
-    if engine.can_step:  # co-located: the round graphs of every batch size a Serve stream's rounds will take, in
-        # every sampling mode (a request with top-k / top-p moves its rounds to the filtered graphs)
-        engine.decoder.capture_rounds(modes=tuple(Mode))
+    if engine.can_step:  # co-located: the round graphs of every batch size and sampling mode a Serve stream's rounds
+        engine.decoder.capture_rounds()  # will take
     greedy = SamplingParams(max_tokens=32, ignore_eos=True, seed=0)
     sampled = dataclasses.replace(greedy, temperature=0.7)
     filtered = dataclasses.replace(sampled, top_k=20, top_p=0.9)

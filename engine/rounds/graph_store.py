@@ -56,10 +56,11 @@ class GraphStore:
         return self.graphs.get(key) or (self.build(*key) if build else None)
 
     def capture_buckets(self, max_rows: int, min_rows: int = 1, contexts: int = 2,
-                        modes: Sequence[Mode] = (Mode.GREEDY, Mode.SAMPLED)) -> int:
+                        modes: Sequence[Mode] = tuple(Mode)) -> int:
         """Build (on a GPU: capture) now the graphs rounds of ``min_rows`` .. ``max_rows`` rows will take within
-        the first ``contexts`` context buckets, in these sampling modes, before requests arrive: a server's
-        rounds then never wait on a capture. Returns how many were built."""
+        the first ``contexts`` context buckets, in these sampling modes (default all three: one top-k / top-p row
+        moves its whole round onto the filtered graphs), before requests arrive: a server's rounds then never wait
+        on a capture. Returns how many were built."""
         rows = [b for b in self.batch_buckets if b >= min_rows and (b < max_rows or b == self.bucket(max_rows))]
         built = 0
         for key in itertools.product(rows, self.context_buckets[:contexts], modes):

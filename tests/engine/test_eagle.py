@@ -146,7 +146,7 @@ def test_a_drafter_services_catch_ups_take_buckets_built_up_front():
     settings = DrafterSettings(device="cpu", draft="auto")
     engine = build(settings, dataclasses.replace(settings.engine_config(wire=True), cuda_graphs=True))
     pg, width = engine.drafter.runner.prefill_graphs, engine.drafter.head.config.hidden_size  # fused features
-    pg.capture_prompts(features=width)  # what EagleDrafter.capture_prefills builds on a GPU, the prompts' first
+    pg.capture_prompts(features=width)  # as EagleDrafter.capture_prefills does on a GPU (the CPU skips it)
     assert pg.capture_chunks(STEP_CAPTURE_ROWS, features=width) == 8  # 1, 2, 4, 8 rows x 2 contexts
     before = set(pg._buckets)
     feats = lambda n: torch.randn(n, engine.feature_size)  # noqa: E731  (the target's layers, as the wire sends)

@@ -164,12 +164,12 @@ def test_the_catch_up_carries_only_the_live_rows_past_the_attention(smollm, prom
     assert per_round and all(r == (k, verify, k + verify) for r in per_round), per_round
 
 
-@pytest.mark.parametrize("steps", [3])  # 3: rows end inside a round at every offset of these lengths (2 did too)
-def test_plain_rounds_of_several_steps_decode_what_the_eager_engine_decodes(smollm, prompts, plain, steps):
+def test_plain_rounds_of_several_steps_decode_what_the_eager_engine_decodes(smollm, prompts, plain):
     """A plain graph's round of ``steps`` forwards (``plain_steps``) commits that many tokens a row: greedy (EOS
     honoured, rows ending inside a round), seeded sampled and filtered rows beside greedy ones (step s draws at
     the request's draw number + s, as one-token rounds would), a row at the end of its context; with and without
     rounds launched ahead."""
+    steps = 3  # rows end inside a round at every offset of these lengths
     sampled = [SamplingParams(max_tokens=21, ignore_eos=True, temperature=0.8, seed=11),
                SamplingParams(max_tokens=26, ignore_eos=True),
                SamplingParams(max_tokens=19, ignore_eos=True, temperature=1.1, seed=5, top_k=40, top_p=0.9),
