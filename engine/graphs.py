@@ -188,10 +188,7 @@ class StepGraphs:
         bucket = _Bucket(attn, aux_layers, torch.zeros(t, dtype=torch.long, device=dev),
                          torch.zeros(t, dtype=torch.long, device=dev),
                          features=feature_buffer(r.model, t, features, dev))
-        if not self.capture:
-            with torch.inference_mode():
-                self._forward(bucket)  # allocates the output buffers
-        else:
+        if self.capture:  # uncaptured, the bucket's first real run allocates its outputs (keep_outputs)
             def record() -> None:
                 bucket.logits, bucket.hidden, bucket.aux = self._compute(bucket)
 

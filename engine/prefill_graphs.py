@@ -162,9 +162,9 @@ class PrefillGraphs:
                            torch.zeros(rows, dtype=torch.long, device=dev),
                            torch.zeros(rows * self.max_logits, dtype=torch.long, device=dev),
                            features=feature_buffer(r.model, rows * q, features, dev))
-        with torch.inference_mode():
-            self._forward(b)  # allocates the outputs (the padding row set writes only the scratch block)
-        if self.capture:
+        if self.capture:  # uncaptured, the bucket's first real run allocates its outputs (keep_outputs)
+            with torch.inference_mode():
+                self._forward(b)  # allocates the outputs (the padding row set writes only the scratch block)
             def record() -> None:
                 b.logits, b.hidden, b.aux = self._compute(b)
 

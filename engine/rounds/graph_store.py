@@ -86,10 +86,12 @@ class GraphStore:
         chains = rows <= self.pipeline_rows
         room = torch.zeros(rows, 2, dtype=torch.long, device=t.device) if (chains or steps > 1) and k else None
         g = RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)
-        with torch.inference_mode():
-            self.body.compute(g)  # allocates the output buffers (and compiles the kernels on a GPU)
         if self.capture:
+            with torch.inference_mode():
+                self.body.compute(g)  # allocates the output buffers and compiles the kernels
             g.graph = capture(lambda: self.body.compute(g), lambda: self.body.compute(g), self._pool, t.device)
+        # uncaptured (a CPU), the round's first real run allocates them: a round of padding rows here would cost a
+        # whole round's compute for nothing
         self.graphs[(rows, ctx, mode)] = g
         return g
 
