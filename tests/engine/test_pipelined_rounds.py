@@ -15,7 +15,7 @@ import pytest
 from engine.config import SamplingParams
 from engine.graphs import PAD_SEQ
 from engine.rounds.graph_sampling import Mode
-from tests.conftest import make_decoder
+from tests.conftest import eager_outputs, make_decoder
 
 TEXTS = ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.")
 
@@ -51,7 +51,7 @@ def test_two_rounds_a_replay_decode_what_the_eager_engine_decodes(smollm, prompt
     drafts, with or without the next replay launched ahead. Rows end at different rounds (inside a replay too, and
     one by EOS): the same tokens and the same round counts as the eager engine, and no KV block left behind."""
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (13, 22)] + [SamplingParams(max_tokens=40)]
-    want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate(prompts, params)
+    want = eager_outputs(smollm, draft, 4, prompts, params)
     dec = make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, pipeline_max_batch=pipeline,
                        spec_rounds=2, spec_rounds_min_batch=1)
     free = [a.free_blocks for a in _allocators(dec)]
@@ -213,8 +213,7 @@ def test_arrivals_join_a_plain_chain_of_rounds_launched_ahead(smollm, prompts, d
     request decodes what the eager engine decodes, greedy and seeded sampled, arrivals and an abort among them;
     with rounds of one step and of several (``plain_steps``), and rows moving between the two."""
     greedy, order = _arrivals(0)
-    want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate([prompts[i] for i, _ in order],
-                                                                       [p for _, p in order])
+    want = eager_outputs(smollm, "none", 0, [prompts[i] for i, _ in order], [p for _, p in order])
     dec = _pipelined(smollm, draft, k, spec_max_batch=spec_max_batch, plain_steps=steps,
                      plain_steps_min_batch=steps_from)
     graph = dec.fused if dec.fused_plain is None else dec.fused_plain
@@ -237,8 +236,7 @@ def test_arrivals_join_a_speculative_chain_of_rounds_launched_ahead(smollm, prom
     abort among them, every request decodes what the eager engine decodes. With ``spec_rounds`` 2 the greedy
     graphs run two rounds a replay (the sampled ones one): rows move between the two as sampled rows come and go."""
     greedy, order = _arrivals(4)
-    want = make_decoder(smollm, draft, k=4, cuda_graphs=False).generate([prompts[i] for i, _ in order],
-                                                                       [p for _, p in order])
+    want = eager_outputs(smollm, draft, 4, [prompts[i] for i, _ in order], [p for _, p in order])
     dec = _pipelined(smollm, draft, 4, spec_rounds=rounds, spec_rounds_min_batch=1)
     assert dec.fused.store.steps_for(1) == rounds and dec.fused.store.steps_for(1, Mode.SAMPLED) == 1
     free = [a.free_blocks for a in _allocators(dec)]

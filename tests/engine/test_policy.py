@@ -15,7 +15,7 @@ from engine.drafters.ngram import NgramDrafter
 from engine.factory import decoder_for
 from engine.policy import GUARD_PROBE_S, GUARD_ROUNDS, MARGIN, PRIOR_TAU, SpecGuard, SpecPolicy, spec_load
 from engine.spec import SpecDecoder
-from tests.conftest import make_decoder
+from tests.conftest import eager_outputs, make_decoder
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -84,7 +84,7 @@ def test_the_decoder_demotes_when_the_policy_says_plain_and_decodes_the_same(smo
     4 requests do not pay, so all four are demoted to the plain graph at once; the output is plain greedy."""
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    plain = eager_outputs(smollm, "none", 0, prompts, params)
     dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=8,
                        spec_policy="cost")
     policy = dec.fast.policy
@@ -105,7 +105,7 @@ def test_the_default_rule_counts_a_sampled_request_twice(smollm):
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
     sampled = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
+    plain = eager_outputs(smollm, "none", 0, prompts, greedy)
     assert spec_load([True, False, True]) == 4 and spec_load([]) == 0
     dec = make_decoder(smollm, "auto", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=4)
     got = dec.generate(prompts, greedy)
@@ -122,7 +122,7 @@ def test_a_request_drafting_n_grams_weighs_five(smollm):
     greedy requests speculate, four (load 20) decode plainly; the EAGLE head weighs 1."""
     prompts = [smollm.tokenizer.encode(t) for t in ("One two three", "Red green blue", "A B C D", "x y z")]
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, greedy)
+    plain = eager_outputs(smollm, "none", 0, prompts, greedy)
     assert spec_load([True, False], 2) == 6
     dec = make_decoder(smollm, "ngram", k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=10)
     assert dec.scheduler.weight == 5 and make_decoder(smollm, "auto", k=4).scheduler.weight == 1
@@ -146,7 +146,7 @@ def test_requests_demoted_by_load_speculate_again_once_it_falls_where_the_drafte
     prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a",
                                                     "x y z x y z x y z x", "one two one two one two")]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 40, 6, 14)]
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    plain = eager_outputs(smollm, "none", 0, prompts, params)
     for draft, limit, rejoins in (("ngram", 15, True), ("layerskip:4", 3, True), ("auto", 3, False)):
         dec = make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, spec_max_batch=limit,
                            pipeline_max_batch=pipeline)
@@ -207,7 +207,7 @@ def test_the_decoder_stops_a_drafter_outside_the_graph_where_it_does_not_pay(smo
     output stays plain greedy; given a dear plain token they speculate to the end."""
     prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a")]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    plain = eager_outputs(smollm, "none", 0, prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=10)  # two n-gram requests weigh 10
     cost = dataclasses.replace(config, spec_policy="cost")  # the cost rule times a speculative graph: there is none
@@ -257,7 +257,7 @@ def test_a_request_arriving_beside_plain_ones_takes_the_smaller_buckets_verdict(
     plain graph and the drafter's) and decodes plainly from its first round. Output stays plain greedy."""
     prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a")]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    plain = eager_outputs(smollm, "none", 0, prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=10)  # two n-gram requests weigh 10
     dec = decoder_for(smollm, config, NgramDrafter())
@@ -276,7 +276,7 @@ def test_requests_whose_outside_drafter_does_not_pay_draft_with_the_local_one(sm
 
     prompts = [smollm.tokenizer.encode(t) for t in ("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2", "a b c d a b c d a b c d a")]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
-    plain = make_decoder(smollm, "none", k=0).generate(prompts, params)
+    plain = eager_outputs(smollm, "none", 0, prompts, params)
     config = EngineConfig(kv_cache_tokens=8192, k=4, max_k=8, max_batch_size=8, cuda_graphs=True, fused_rounds=True,
                           spec_max_batch=10, max_context=1024)  # two n-gram requests weigh 10
     outside, local = NgramDrafter(), NgramDrafter(history=TokenHistory(8, 1024, "cpu"))
