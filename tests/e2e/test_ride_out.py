@@ -69,18 +69,18 @@ def test_streams_ride_out_a_verifier_restart(reference, mode):
 
 @pytest.mark.parametrize("colocated", [False, True], ids=["split", "colocated"])
 def test_requests_wait_for_kv_room_instead_of_failing(colocated):
-    """A cache of 512 tokens and three requests that each reserve most of it (a prompt and 300 tokens): one runs at a
-    time, none fails."""
-    stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=512)
+    """A cache of 256 tokens and three requests that each reserve most of it (a prompt of 36 and 150 tokens): one
+    runs at a time, none fails."""
+    stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=256)
     try:
         async def three():
-            # one at a time, so the last waits for two others' 300 tokens: on a loaded 2-core CPU that can take
+            # one at a time, so the last waits for two others' 150 tokens: on a loaded 2-core CPU that can take
             # longer than generate's default 300 s deadline
-            return await asyncio.gather(*(generate(stack.gateway, chat_request(t, 300, ignore_eos=True), timeout=900)
+            return await asyncio.gather(*(generate(stack.gateway, chat_request(t, 150, ignore_eos=True), timeout=900)
                                           for t in TEXTS))
 
         results = run(three())
-        assert [last.usage.completion_tokens for _, _, last in results] == [300] * 3
+        assert [last.usage.completion_tokens for _, _, last in results] == [150] * 3
     finally:
         stack.stop()
 
