@@ -13,6 +13,7 @@ import gc
 import itertools
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -137,8 +138,10 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     # as a server does after its warm-up (rpc/server.py), what is alive now (model, decoder, datasets) is kept out of
     # the collections inside the timed passes, which the gc columns count
     with frozen_heap() as frozen, GcClock() as gc_clock, CompileClock() as compiles:
-        start = now_synced()
-        while passes == 0 or now_synced() - start < min_seconds:
+        start = synced = now_synced()
+        pass_rates: list[float] = []  # each pass's tokens / s: a pass's stall moves the mean, not the median
+        while passes == 0 or synced - start < min_seconds:
+            pass_start, pass_tokens = synced, tokens
             queue = iter(range(len(prompts)))
             while True:
                 arrive(case.batch_size, now_synced())  # a wave, or (continuous) the first batch
@@ -158,7 +161,9 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
                             if not waves:
                                 arrive(1, now)
             passes += 1
-        elapsed = now_synced() - start
+            synced = now_synced()
+            pass_rates.append((tokens - pass_tokens) / (synced - pass_start))
+        elapsed = synced - start
     fused = [f for f in (decoder.fused, decoder.fused_plain) if f is not None]
     row = {"engine": engine_name(case.draft), "draft": case.draft, "k": cfg.k, "request_k": request_k,
            "cuda_graphs": cfg.use_cuda_graphs,
@@ -179,7 +184,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "temperature": case.temperature, "num_prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 2), "acceptance_length": round(committed / rounds, 3),
-            "passes": passes, "wave_tail": wave_tail(wave_rounds) if waves else None,
+            "passes": passes, "tokens_per_s_pass_median": round(statistics.median(pass_rates), 2),
+            "wave_tail": wave_tail(wave_rounds) if waves else None,
             **clock.summary(), **gc_clock.summary(), "gc_frozen": frozen, **compiles.summary(),
             "peak_memory_mib": peak_memory_mib(), **round_split(timer)}
     # the decoder (KV caches, graph pools) holds cycles through its timed wrappers: free it before the next case
@@ -221,16 +227,19 @@ def add_speedups(rows: list[dict]) -> list[dict]:
     def key(r: dict) -> tuple:  # against plain decoding of the same prompts arriving the same way
         return r.get("batch_size"), r.get("temperature"), r.get("dataset"), r.get("admission", "waves")
 
-    plain = {key(r): r["tokens_per_s"] for r in rows if r["engine"] == "tandem-plain"}
+    plain = {key(r): r for r in rows if r["engine"] == "tandem-plain"}
     for r in rows:
         base = plain.get(key(r))
-        r["speedup_vs_plain"] = round(r["tokens_per_s"] / base, 3) if base else None
+        r["speedup_vs_plain"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3) if base else None
+        if base and r.get("tokens_per_s_pass_median") and base.get("tokens_per_s_pass_median"):
+            # the same by the median pass of each (--min-seconds repeats them): a stall in one pass cannot move it
+            r["speedup_pass_median"] = round(r["tokens_per_s_pass_median"] / base["tokens_per_s_pass_median"], 3)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
-            "acceptance_length", "wave_tail", "speedup_vs_plain", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
+            "acceptance_length", "wave_tail", "speedup_vs_plain", "speedup_pass_median", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
             "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "gc_full", "gc_ms", "jit_compiles",
             "graphs_captured", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -164,6 +164,17 @@ def test_wave_tail_is_each_waves_slowest_request_over_its_mean():
     assert wave_tail([]) is None and wave_tail([[]]) is None
 
 
+def test_speedups_by_total_and_by_median_pass_are_against_the_matching_plain_row():
+    from bench.run import add_speedups
+
+    cell = {"batch_size": 64, "temperature": 0.0, "dataset": "d"}
+    rows = add_speedups([{**cell, "engine": "tandem-plain", "tokens_per_s": 100.0, "tokens_per_s_pass_median": 110.0},
+                         {**cell, "engine": "tandem-spec-auto", "tokens_per_s": 95.0, "tokens_per_s_pass_median": 110.0},
+                         {**cell, "batch_size": 4, "engine": "tandem-spec-auto", "tokens_per_s": 9.0}])
+    assert [(r["speedup_vs_plain"], r.get("speedup_pass_median")) for r in rows] == [(1.0, 1.0), (0.95, 1.0),
+                                                                                      (None, None)]
+
+
 def test_min_seconds_runs_the_prompts_again_until_the_time_has_passed(smollm):
     """--min-seconds: the same prompts, waves and seeds again until that long has passed; every pass streams all
     its tokens, the row says how many passes ran, and each wave's tail counts its own requests."""
@@ -180,6 +191,9 @@ def test_min_seconds_runs_the_prompts_again_until_the_time_has_passed(smollm):
     assert again["output_tokens"] == again["passes"] * 3 * 12
     assert again["acceptance_length"] == once["acceptance_length"]  # greedy: each pass the same rounds
     assert again["wave_tail"] == once["wave_tail"]
+    # one pass: its median pass is the whole run; repeated: one pass's rate, near the run's (the same work each)
+    assert once["tokens_per_s_pass_median"] == pytest.approx(once["tokens_per_s"], rel=1e-2)
+    assert again["tokens_per_s_pass_median"] == pytest.approx(again["tokens_per_s"], rel=0.5)
     plain = run_case(smollm, config, BenchCase("none", 2, 0.0), prompts, 12, 0)
     assert plain["wave_tail"] == 1.0
     cont = run_case(smollm, config, BenchCase("none", 2, 0.0, "continuous"), prompts, 12, 0)
