@@ -239,9 +239,9 @@ def add_speedups(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     cols = ["engine", "dataset", "batch_size", "admission", "temperature", "k", "chosen_k", "tokens_per_s",
-            "acceptance_length", "wave_tail", "speedup_vs_plain", "speedup_pass_median", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99",
-            "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "gc_full", "gc_ms", "jit_compiles",
-            "graphs_captured", "peak_memory_mib"]
+            "acceptance_length", "wave_tail", "speedup_vs_plain", "speedup_pass_median", "ttft_ms_p50", "itl_ms_p50",
+            "itl_ms_p99", "round_ms", "verify_ms", "draft_ms", "fused_ms", "host_ms", "gc_full", "gc_ms",
+            "jit_compiles", "graphs_captured", "peak_memory_mib"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -2,10 +2,10 @@
 
 ``make test`` runs ``-n 2 --dist loadfile``: each test file goes whole to one worker, because most files start a
 stack or a decoder per module. xdist hands the files out in the order of their test counts, which has little to
-do with their cost here (one file of two tests starts two stacks and runs 400 s; one of forty runs 2 s), so a
-worker could start a 300 s file in the run's last minutes while the other sat idle. Handing the longest remaining
-file to whichever worker asks next (longest processing time first) ends both workers within about the last
-file's time of each other.
+do with their cost here (test_bench_serve.py's three tests start three stacks and run 380-500 s;
+test_rejection_sampler.py's 37 run 2 s), so a worker could start a 300 s file in the run's last minutes while the
+other sat idle. Handing the longest remaining file to whichever worker asks next (longest processing time first)
+ends both workers within about the last file's time of each other.
 
 The seconds live in tests/durations.json, written from a run's ``--durations=0`` report::
 
@@ -26,17 +26,26 @@ from collections import defaultdict
 from pathlib import Path
 
 DURATIONS = Path(__file__).with_name("durations.json")
-_LINE = re.compile(r"^\s*([0-9.]+)s\s+(?:setup|call|teardown)\s+([^:\s]+\.py)(?:::.*)?$")
+_LINE = re.compile(r"^\s*([0-9.]+)s\s+(setup|call|teardown)\s+([^:\s]+\.py)(?:::.*)?$")
+
+
+def parse(report: str) -> tuple[dict[str, float], dict[str, int]]:
+    """Each test file's seconds (setup, call and teardown of its tests) and tests (its call lines) in a
+    ``--durations=0`` report."""
+    seconds: dict[str, float] = defaultdict(float)
+    tests: dict[str, int] = defaultdict(int)
+    for line in report.splitlines():
+        m = _LINE.match(line)
+        if m:
+            seconds[m.group(3)] += float(m.group(1))
+            tests[m.group(3)] += m.group(2) == "call"
+    return ({path: round(s, 1) for path, s in sorted(seconds.items())},
+            {path: n for path, n in sorted(tests.items()) if n})
 
 
 def file_seconds(report: str) -> dict[str, float]:
     """Each test file's seconds (setup, call and teardown of its tests) in a ``--durations=0`` report."""
-    seconds: dict[str, float] = defaultdict(float)
-    for line in report.splitlines():
-        m = _LINE.match(line)
-        if m:
-            seconds[m.group(2)] += float(m.group(1))
-    return {path: round(s, 1) for path, s in sorted(seconds.items())}
+    return parse(report)[0]
 
 
 def load(path: Path = DURATIONS) -> dict[str, dict[str, float]]:
@@ -72,17 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m tests.scheduling RUN_LOG  (a pytest run's output with --durations=0)",
               file=sys.stderr)
         return 2
-    report = Path(argv[0]).read_text()
-    seconds = file_seconds(report)
+    seconds, tests = parse(Path(argv[0]).read_text())
     if not seconds:
         print(f"{argv[0]}: no '--durations=0' lines found (run pytest with --durations=0)", file=sys.stderr)
         return 1
-    tests: dict[str, int] = defaultdict(int)
-    for line in report.splitlines():
-        m = _LINE.match(line)
-        if m and " call " in line:
-            tests[m.group(2)] += 1
-    DURATIONS.write_text(json.dumps({"files": seconds, "tests": dict(sorted(tests.items()))}, indent=1) + "\n")
+    DURATIONS.write_text(json.dumps({"files": seconds, "tests": tests}, indent=1) + "\n")
     print(f"wrote {DURATIONS}: {len(seconds)} files, {sum(seconds.values()):.0f} s of tests")
     return 0
 

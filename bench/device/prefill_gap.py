@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from bench.datasets import held_out_prompts
 from bench.run import warm_up
 from cli.main import build_parser
 from cli.options import engine_settings
@@ -24,7 +25,6 @@ from engine.config import SamplingParams
 from engine.factory import decoder_for
 from engine.models.loader import load_model, model_source
 from engine.rounds.graph_sampling import Mode
-from bench.datasets import held_out_prompts
 
 
 def main() -> None:
