@@ -19,20 +19,18 @@ import torch
 
 from bench.datasets import held_out_prompts
 from bench.run import warm_up
-from cli.main import build_parser
-from cli.options import engine_settings
 from engine.config import SamplingParams
 from engine.factory import decoder_for
 from engine.models.loader import load_model, model_source
 from engine.rounds.graph_sampling import Mode
+from rpc.settings import EngineSettings
 
 
 def main() -> None:
     waves = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    args = build_parser().parse_args(["bench", "--name", "x", "--device", "cuda", "--attention", "torch",
-                                      "--baselines", "none"])
-    config = engine_settings(args).engine_config()
-    model = load_model(model_source(engine_settings(args).model), device=config.device, dtype=config.torch_dtype)
+    settings = EngineSettings(device="cuda", attention="torch")  # the bench's defaults, as `tandem bench` ran them
+    config = settings.engine_config()
+    model = load_model(model_source(settings.model), device=config.device, dtype=config.torch_dtype)
     prompts = held_out_prompts("humaneval", model.tokenizer, 64)
     params = [SamplingParams(max_tokens=128, ignore_eos=True, seed=i) for i in range(64)]
     for draft in ("none", "ngram", "auto"):
