@@ -59,7 +59,8 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self.scaling = scaling
         self.freq_factors: torch.Tensor | None = None  # a llama3 GGUF's rope_freqs (float32, cpu), when loaded
-        self.register_buffer("cos_sin", self._table(None), persistent=False)
+        with torch.device("cpu"):  # also while the model is built on meta: a meta op there imports torch._dynamo
+            self.register_buffer("cos_sin", self._table(None), persistent=False)
 
     def rebuild(self, freq_factors: torch.Tensor | None = None) -> None:
         """Recompute the float32 cos/sin table (after moving the model; ``freq_factors``: llama3 GGUFs)."""
