@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
             for t in args.temperatures:  # warm-up: every concurrency's batch sizes and sampling modes once
                 for c in args.concurrency:
-                    run_load(load(c, t, 16, args.client_processes[0]), prompts_for(c)[:c])
+                    run_load(load(c, t, min(16, args.max_tokens), args.client_processes[0]), prompts_for(c)[:c])
             for t, c, procs in itertools.product(args.temperatures, args.concurrency, args.client_processes):
                 print(f"measuring {name} at concurrency {c}, temperature {t}, {procs} client processes, tracing "
                       f"{'on' if served.tracing else 'off'}, {gateways} gateway processes", flush=True)
