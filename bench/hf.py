@@ -9,25 +9,50 @@ latency come from a streamer at batch size 1 (transformers streams only single s
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from bench.timing import TokenClock, now_synced, peak_memory_mib, reset_peak_memory
+from engine.assets import cache_dir
 
 HF_ENGINES = ("hf-eager", "hf-static-compile", "hf-prompt-lookup")
 
 
 def load_hf(path: Path, device: str, dtype: torch.dtype):
-    """transformers' LlamaForCausalLM on a GGUF file (its own dequantization) or a Hugging Face directory."""
+    """transformers' LlamaForCausalLM on a GGUF file (its own dequantization, through ``hf_directory``) or a
+    Hugging Face directory."""
     from transformers import AutoModelForCausalLM
 
-    if path.is_file():
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return model.to(device).eval()
+    directory = hf_directory(path) if path.is_file() else path
+    return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype).to(device).eval()
+
+
+def hf_directory(gguf: Path) -> Path:
+    """transformers' own float32 dequantization of ``gguf``, saved once per machine as a Hugging Face directory
+    in the tandem cache (per GGUF file and transformers version): transformers reads a GGUF's metadata in Python,
+    20-50 s on a CPU, and loads the saved safetensors in well under a second. A lower dtype loaded from it rounds
+    the same float32 values transformers would have rounded."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    saved = cache_dir() / "hf-reference" / f"{gguf.stem}-{gguf.stat().st_size}-transformers-{transformers.__version__}"
+    if not (saved / "model.safetensors").is_file():
+        print(f"tandem: converting {gguf.name} for transformers once (kept in {saved.parent})", file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None  # its weights are plain float32 tensors now: saved as such
+        model.config.quantization_config = None
+        tmp = saved.with_name(f"{saved.name}.{os.getpid()}.tmp")
+        model.save_pretrained(tmp)
+        try:
+            tmp.rename(saved)  # atomic: a process converting at the same time keeps its own copy
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return saved
 
 
 class _Clock:

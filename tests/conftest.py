@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 
 import pytest
 import torch
 
-from engine.assets import cache_dir, default_model_path
+from engine.assets import default_model_path
 from engine.config import EngineConfig, SamplingParams
 from engine.factory import decoder_for
 from engine.models.loader import LoadedModel, load_model
@@ -57,28 +56,11 @@ def eager_outputs(model: LoadedModel, draft: str, k: int, prompts: Sequence[Sequ
 
 @pytest.fixture(scope="session")
 def hf_smollm(smollm_path):
-    """transformers' LlamaForCausalLM on the same GGUF weights (its own dequantization), float32. transformers takes
-    20-50 s to read a GGUF on a CPU (its metadata reader, in Python), so the first test process to need the model
-    keeps transformers' float32 weights as safetensors in the tandem cache (per GGUF file and transformers version)
-    and every later one loads those in a fraction of a second."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
+    """transformers' LlamaForCausalLM on the same GGUF weights (its own dequantization), float32: converted once
+    per machine and kept in the tandem cache (``bench.hf.hf_directory``)."""
+    from bench.hf import load_hf
 
-    saved = cache_dir() / "hf-reference" / (f"{smollm_path.stem}-{smollm_path.stat().st_size}"
-                                            f"-transformers-{transformers.__version__}")
-    if not (saved / "model.safetensors").is_file():
-        model = AutoModelForCausalLM.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name,
-                                                     dtype=torch.float32)
-        model.hf_quantizer = None  # its weights are plain float32 tensors now: saved as such
-        model.config.quantization_config = None
-        tmp = saved.with_name(f"{saved.name}.{os.getpid()}.tmp")
-        model.save_pretrained(tmp)
-        try:
-            tmp.rename(saved)  # atomic: a worker converting at the same time keeps its own copy
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return AutoModelForCausalLM.from_pretrained(str(saved), dtype=torch.float32).eval()
+    return load_hf(smollm_path, "cpu", torch.float32)
 
 
 @pytest.hookimpl(optionalhook=True)

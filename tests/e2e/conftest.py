@@ -78,14 +78,17 @@ def gateway_command(stack: Stack, port: int, *flags: str) -> list[str]:
     return cmd + list(flags)
 
 
-@pytest.fixture(scope="module")
+# one stack of each kind per pytest worker, shared by every file that only calls it (services, identity, security,
+# hardening, ...): a stack's start is 20-25 s of CPU, and idle it costs about 1 %. A test must leave it as it found it
+# (no KV held, no process stopped); one that kills or reconfigures a service starts a stack of its own.
+@pytest.fixture(scope="session")
 def split_stack():
     stack = start_stack(draft="ngram", k=4)
     yield stack
     stack.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def colocated_stack():
     stack = start_stack(draft="ngram", k=4, colocated=True)
     yield stack
