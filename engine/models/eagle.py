@@ -26,6 +26,7 @@ from engine.config import ModelConfig, RopeScaling
 from engine.models import ops
 from engine.models.layers import RMSNorm
 from engine.models.llama import DecoderLayer, LlamaForCausalLM
+from engine.models.meta import build_empty
 
 EAGLE_KIND = "tandem-eagle"  # config.json "tandem_drafter" value
 
@@ -151,9 +152,7 @@ def load_eagle(directory: Path, target: LlamaForCausalLM, device: torch.device |
     from safetensors.torch import load_file
 
     cfg = EagleConfig.from_json(json.loads((directory / "config.json").read_text()))
-    with torch.device("meta"):
-        head = EagleHead(cfg)
-    head = head.to_empty(device=device).to(dtype)
+    head = build_empty(lambda: EagleHead(cfg), device, dtype)
     state = load_file(str(directory / "model.safetensors"), device=str(device))
     expected = set(head.state_dict())
     if set(state) != expected:

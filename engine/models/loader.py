@@ -12,6 +12,7 @@ import torch
 from engine.config import ModelConfig
 from engine.models import synthetic
 from engine.models.llama import LlamaForCausalLM
+from engine.models.meta import build_empty
 from engine.tokenizer import Tokenizer
 
 # architecture (GGUF general.architecture / HF model_type) -> model class
@@ -44,10 +45,7 @@ def model_source(model: str | Path | None, quiet: bool = False) -> Path | str:
 
 def _allocate(arch: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     """The model built on the meta device, then allocated once on ``device`` in ``dtype``; weights unset."""
-    cls = MODEL_REGISTRY[arch]
-    with torch.device("meta"):
-        model = cls(config)
-    model = model.to(dtype).to_empty(device=device)
+    model = build_empty(lambda: MODEL_REGISTRY[arch](config), device, dtype)
     model.model.rotary.rebuild()  # float32 table, rebuilt after the dtype cast
     return model
 

@@ -437,3 +437,19 @@ def test_sliding_window_caps_the_context(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "qwen2", "sliding_window": 4096,
                                                       "use_sliding_window": False}))
     assert model_config(tmp_path).max_position == 32768
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0])
+def test_whole_tensor_dequantization_is_the_gguf_packages_bit_for_bit(qtype, smollm_gguf):
+    """gguf_loader.dequantize runs Q4_1 and Q8_0 over whole tensors: the same bits as the package's own, on random
+    blocks (a block of zeros among them) and on every tensor of SmolLM2's file of that type (it holds both)."""
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((64, 256)).astype(np.float32) * 3
+    values[0] = 0.0
+    raw = gguf.quants.quantize(values, qtype)
+    tensors = [raw] + [t.data for t in gguf_loader.open_gguf(smollm_gguf).reader.tensors if t.tensor_type == qtype]
+    assert len(tensors) > 1
+    for data in tensors:
+        want = gguf.quants.dequantize(data, qtype).reshape(-1)
+        got = gguf_loader.dequantize(data, qtype).reshape(-1)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
