@@ -1,8 +1,9 @@
 """Issue 23 deliverable 3: are the bs 64 gaps to plain between engines, or between instances of one engine?
 
 On a staged GPU machine (bench/device/env.sh sourced): ``python3 bench/device/instances.py [INSTANCES] [SECONDS]
-[BATCH] [TOKENS]``. Runs the bench's bs 64 case (HumanEval's first BATCH = 64 prompts, greedy, TOKENS = 128 tokens,
-waves; `tandem bench`'s engine defaults) INSTANCES times for each engine (none, ngram, auto), alternating (none 1, ngram 1, auto 1, none 2, ...).
+[BATCH] [TOKENS]``. Runs the bench's bs 64 case (HumanEval's first BATCH = 64 prompts, greedy, TOKENS = 128
+tokens, waves; `tandem bench`'s engine defaults) INSTANCES times for each engine (none, ngram, auto), alternating
+(none 1, ngram 1, auto 1, none 2, ...).
 Each run is ``bench.run.run_case``: a decoder of its own, built, captured and warmed up as the bench does, then
 timed for SECONDS of passes. Prints each instance's median pass (tokens/s) and, per engine, the median of its
 instances' medians and its ratio to plain's; the spread between instances of one engine is the noise a ratio of

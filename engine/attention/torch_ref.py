@@ -3,8 +3,9 @@
 Every sequence is padded to the batch's longest query and to the whole blocks of its longest KV: ``plan``
 builds, once per forward, the padded block tables and a mask in which query j of a sequence (at position
 kv_len - q_len + j) sees its keys 0 .. that position and no padding. Each layer then writes the new K/V,
-gathers the padded keys and values block by block in one indexing op each and calls ``scaled_dot_product_attention`` once (``engine.attention.sdpa``: no cuDNN). Padding costs memory and FLOPs where lengths are
-uneven, never Python work per sequence (which made a 64-prompt prefill on a GPU take 0.7 s).
+gathers the padded keys and values block by block in one indexing op each and calls
+``scaled_dot_product_attention`` once (``engine.attention.sdpa``: no cuDNN). Padding costs memory and FLOPs where
+lengths are uneven, never Python work per sequence (which made a 64-prompt prefill on a GPU take 0.7 s).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class TorchAttention:
         # q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]
         self.cache.write(layer, self._slots, k, v)
         hkv, d = k.shape[1:]
-        (b, blocks), rows = self._tables.shape, self._tables.reshape(-1)
+        b, rows = self._tables.shape[0], self._tables.reshape(-1)  # rows: every block of every sequence
         # whole blocks gathered with index_select: a copy per block, not per token (6x faster on a CPU)
         keys = self.cache.k[layer].flatten(1).index_select(0, rows).view(b, -1, hkv, d)    # [B, S, Hkv, D]
         values = self.cache.v[layer].flatten(1).index_select(0, rows).view(b, -1, hkv, d)
