@@ -28,7 +28,7 @@ from rpc.settings import EngineSettings
 
 def main() -> None:
     waves = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    settings = EngineSettings(device="cuda", attention="torch")  # the bench's defaults, as `tandem bench` ran them
+    settings = EngineSettings(device="cuda", attention="torch")  # as the recorded bench cells ran
     config = settings.engine_config()
     model = load_model(model_source(settings.model), device=config.device, dtype=config.torch_dtype)
     prompts = held_out_prompts("humaneval", model.tokenizer, 64)

@@ -23,9 +23,8 @@ def attend(q: torch.Tensor,            # [B, Hq, Q, D]
            mask: torch.Tensor | None = None,  # [B or 1, 1, Q, S] bool: True where a query sees a key
            is_causal: bool = False) -> torch.Tensor:  # [B, Hq, Q, D]
     rep = q.shape[-3] // k.shape[-3]
-    if rep > 1 and q.device.type == "cpu":  # the CPU kernel takes grouped heads as they are (a copy cost more
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,  # than the attention)
-                                              enable_gqa=True)
+    if rep > 1 and q.device.type == "cpu":  # the CPU kernel takes grouped heads as they are: copying them cost more
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
     with sdpa_kernel(BACKENDS):

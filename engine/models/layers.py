@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.config import RopeScaling
 from engine.models import ops
+from engine.models.meta import on_meta
 
 
 class RMSNorm(nn.Module):
@@ -59,8 +60,9 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self.scaling = scaling
         self.freq_factors: torch.Tensor | None = None  # a llama3 GGUF's rope_freqs (float32, cpu), when loaded
-        with torch.device("cpu"):  # also while the model is built on meta: a meta op there imports torch._dynamo
-            self.register_buffer("cos_sin", self._table(None), persistent=False)
+        # built on meta (engine/models/meta.py) the table is rebuilt once the model has memory: none to compute here
+        table = torch.empty(max_position, head_dim) if on_meta() else self._table(None)
+        self.register_buffer("cos_sin", table, persistent=False)
 
     def rebuild(self, freq_factors: torch.Tensor | None = None) -> None:
         """Recompute the float32 cos/sin table (after moving the model; ``freq_factors``: llama3 GGUFs)."""

@@ -14,6 +14,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from engine.models.meta import on_meta
 
 
 class Attention(nn.Module):
@@ -67,10 +68,9 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        # weights unset (the loader fills them): an initialised nn.Embedding on the meta device imports
-        # torch._dynamo (~2 s of every process that loads a model) for a normal_ that writes nothing
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
-                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        # built on meta (engine/models/meta.py), no random init: there it writes nothing and imports torch._dynamo
+        shape = (cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape) if on_meta() else None)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_scaling)

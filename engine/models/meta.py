@@ -16,6 +16,12 @@ from torch import nn
 M = TypeVar("M", bound=nn.Module)
 
 
+def on_meta() -> bool:
+    """Whether modules are being built under ``torch.device("meta")`` (``build_empty``): a value they would compute
+    or initialise then needs none, and computing it there would import ``torch._dynamo``."""
+    return torch.empty(0).device.type == "meta"
+
+
 def build_empty(make: Callable[[], M], device: torch.device | str, dtype: torch.dtype) -> M:
     """``make()`` on the meta device, then every parameter and buffer allocated (unset) on ``device``: floating
     ones in ``dtype``, others (token ids, counters) in their own dtype."""

@@ -113,12 +113,10 @@ def model_config(f: GGUFFile) -> ModelConfig:
 
 def rope_freqs(f: GGUFFile) -> torch.Tensor | None:
     """The file's ``rope_freqs`` (llama3 scaling as per-frequency factors) in float32, if it has them."""
-    import gguf
-
     t = next((t for t in f.reader.tensors if t.name == "rope_freqs.weight"), None)
     if t is None:
         return None
-    return torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)).flatten()
+    return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)).flatten()
 
 
 def dequantize(data: np.ndarray, qtype) -> np.ndarray:
