@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
+from engine.models import ops
 from engine.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 from engine.models.meta import on_meta
 
@@ -117,7 +118,7 @@ class LlamaForCausalLM(nn.Module):
         """hidden: [N, hidden] -> logits [N, vocab] in the model's dtype: what an argmax needs (float32 holds
         every 16-bit value exactly, so the order is the same), without the [N, vocab] float32 copy."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        return ops.lm_head(hidden, weight)
 
     def truncated(self, num_layers: int) -> "LlamaForCausalLM":
         """A view with the first ``num_layers`` layers, sharing every weight (layer-skip draft)."""

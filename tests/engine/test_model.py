@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.models import ops
 from engine.models.loader import load_model
 from engine.runner import Chunk, ModelRunner
 
@@ -42,6 +43,18 @@ def test_logits_match_transformers(smollm, hf_smollm, prompt_ids):
         assert ours.shape == ref.shape
         assert (ours - ref).abs().max().item() <= 1e-3
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 20, 156])
+def test_the_lm_head_in_vocabulary_slices_is_one_matmul(smollm, rows):
+    """On the CPU the LM head runs a slice of the vocabulary at a time (ops.lm_head): each logit is the same dot
+    product as in one matmul over the whole head, so the same float32 value and the same argmax."""
+    weight = smollm.model.model.embed_tokens.weight
+    assert weight.shape[0] > ops.CPU_VOCAB_SLICE  # sliced
+    hidden = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows))
+    sliced, whole = ops.lm_head(hidden, weight), torch.nn.functional.linear(hidden, weight)
+    torch.testing.assert_close(sliced, whole, rtol=0, atol=1e-5)
+    assert torch.equal(sliced.argmax(-1), whole.argmax(-1))
 
 
 def test_paged_decode_matches_full_forward(smollm, prompt_ids):
