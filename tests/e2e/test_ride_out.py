@@ -9,13 +9,15 @@ deadline fails alone: the verifier is busy, not lost, and the other streams fini
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.config import SamplingParams
-from protos.tandem.v1 import gateway_pb2
+from protos.tandem.v1 import gateway_pb2, gateway_pb2_grpc
+from rpc import tensors
 from rpc.stack import Stack
 from tests.conftest import make_decoder
 from tests.e2e.conftest import chat_request, generate, metrics, run, start_stack
@@ -69,18 +71,31 @@ def test_streams_ride_out_a_verifier_restart(reference, mode):
 
 @pytest.mark.parametrize("colocated", [False, True], ids=["split", "colocated"])
 def test_requests_wait_for_kv_room_instead_of_failing(colocated):
-    """A cache of 256 tokens and three requests that each reserve most of it (a prompt of 36 and 150 tokens): one
-    runs at a time, none fails."""
-    stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=256)
+    """A cache of 128 tokens and three requests that each reserve most of it (a prompt of about 36 tokens, 50 new
+    and the rounds' lookahead: 7 of its 8 blocks): one runs at a time, none fails."""
+    stack = start_stack(draft="ngram", k=4, colocated=colocated, kv_cache_tokens=128)
     try:
-        async def three():
-            # one at a time, so the last waits for two others' 150 tokens: on a loaded 2-core CPU that can take
-            # longer than generate's default 300 s deadline
-            return await asyncio.gather(*(generate(stack.gateway, chat_request(t, 150, ignore_eos=True), timeout=900)
-                                          for t in TEXTS))
+        async def timed(text):
+            """(tokens, the time of its first token, of its last)"""
+            ids, times = [], []
+            gateway = stack.gateway
+            async with gateway.channel() as ch:
+                # one at a time, so the last waits for two others' 50 tokens: on a loaded 2-core CPU that can take
+                # longer than the usual 300 s deadline
+                async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(chat_request(text, 50, ignore_eos=True),
+                                                                          timeout=900, metadata=gateway.metadata):
+                    if resp.token_ids.data:
+                        ids += tensors.token_ids(resp.token_ids, "token_ids")
+                        times.append(time.monotonic())
+            return ids, times[0], times[-1]
 
-        results = run(three())
-        assert [last.usage.completion_tokens for _, _, last in results] == [150] * 3
+        async def three():
+            return await asyncio.gather(*(timed(t) for t in TEXTS))
+
+        results = sorted(run(three()), key=lambda r: r[1])
+        assert [len(ids) for ids, _, _ in results] == [50] * 3
+        # each began streaming only once the one before it had finished: it waited for room, then ran alone
+        assert all(after[1] >= before[2] for before, after in zip(results, results[1:])), results
     finally:
         stack.stop()
 
