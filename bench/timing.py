@@ -3,6 +3,9 @@
 A round commits several tokens of a request at once; as the gateway's metrics do, the gap
 since the request's previous tokens is spread evenly over the tokens of the round, so a
 speculative round of 3 tokens after 30 ms counts as three 10 ms inter-token latencies.
+
+torch is imported by the clocks that read the device, not by the module: the load clients of ``tandem bench-serve``
+(bench/serve_load.py, a process each) take ``percentile`` from here and never load torch.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-import torch
-
 T = TypeVar("T")
 
 
@@ -21,6 +22,8 @@ def graph_replay_ms(record: Callable[[], T], iters: int) -> tuple[float, T]:
     """The GPU probes' clock: ``record`` run 3 times eagerly on a side stream (kernels compiled, memory pooled), then
     captured in one CUDA graph, replayed 10 times untimed and ``iters`` times between CUDA events -> (ms per replay,
     what ``record`` returned under capture: its outputs, written by every replay)."""
+    import torch
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -86,16 +89,22 @@ def _round(x: float | None, scale: float) -> float | None:
 
 def now_synced() -> float:
     """perf_counter after the device has finished its queued work (the tokens really exist)."""
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter()
 
 
 def peak_memory_mib() -> float | None:
+    import torch
+
     return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
 
 
 def reset_peak_memory() -> None:
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
 
@@ -110,6 +119,8 @@ class PhaseTimer:
 
     def _mark(self):
         if self.cuda:
+            import torch
+
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
@@ -127,6 +138,8 @@ class PhaseTimer:
     def total_ms(self, name: str) -> float:
         pairs = self.marks.get(name, [])
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize()
             return sum(a.elapsed_time(b) for a, b in pairs)
         return sum(b - a for a, b in pairs) * 1e3
