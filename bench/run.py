@@ -197,11 +197,11 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
 
 
 def warm_up(decoder, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], batch_size: int) -> None:
-    """A short run of the case's first batch (8 tokens a request) in which, once a request finishes, the next prompt
-    arrives and joins the rows still running, as continuous admission and a server's arrivals do: its prefill and
-    first round beside a running chain compile what they need (new kernel specializations for a one-row eager
-    round) before the clock starts."""
-    short = [dataclasses.replace(sp, max_tokens=8) for sp in params]
+    """A short run of the case's first batch (8 tokens a request, or the case's own max_tokens where fewer: nothing
+    the case runs is left out) in which, once a request finishes, the next prompt arrives and joins the rows still
+    running, as continuous admission and a server's arrivals do: its prefill and first round beside a running chain
+    compile what they need (new kernel specializations for a one-row eager round) before the clock starts."""
+    short = [dataclasses.replace(sp, max_tokens=min(8, sp.max_tokens)) for sp in params]
     n = min(batch_size, len(prompts))
     for j in range(n):
         decoder.add_request(list(prompts[j]), short[j], request_id=f"warm-up-{j}")
