@@ -21,12 +21,21 @@ def philox_reference(k0: torch.Tensor, k1: torch.Tensor, c0: torch.Tensor, c1: t
 
     A 32 x 32-bit product wraps in int64 to its low 64 bits, which is all it has: its high word is
     ``(p >> 32) & MASK32`` (the arithmetic shift only sign-extends past bit 63) and its low word ``p & MASK32``.
+    Every round but the first works in place on the words the round before made (the CPU's sampled rounds run
+    this over [rows, vocabulary]: a fresh tensor per operation costs twice the time); the inputs are never written.
     """
-    for _ in range(ROUNDS):
-        p0, p1 = c0 * M0, c2 * M1
-        c0, c1, c2, c3 = ((p1 >> 32) & MASK32) ^ c1 ^ k0, p1 & MASK32, ((p0 >> 32) & MASK32) ^ c3 ^ k1, p0 & MASK32
+    for r in range(ROUNDS):
+        p0, p1 = (c0 * M0, c2 * M1) if r == 0 else (c0.mul_(M0), c2.mul_(M1))
+        hi1 = _xor(_xor((p1 >> 32).bitwise_and_(MASK32), c1), k0)
+        hi0 = _xor(_xor((p0 >> 32).bitwise_and_(MASK32), c3), k1)
+        c0, c1, c2, c3 = hi1, p1.bitwise_and_(MASK32), hi0, p0.bitwise_and_(MASK32)
         k0, k1 = (k0 + W0) & MASK32, (k1 + W1) & MASK32
     return c0
+
+
+def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a ^ b, into ``a`` (one of this module's own) where it has the broadcast shape."""
+    return a.bitwise_xor_(b) if a.shape == torch.broadcast_shapes(a.shape, b.shape) else a ^ b
 
 
 def random_rows_reference(
