@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.sampling import probs_from_logits, sample_from_probs
+from engine.sampling.sampler import _filter
 
 V = 32
 
@@ -136,6 +137,17 @@ def test_per_row_parameters_in_one_batch_match_each_row_alone():
                                   torch.tensor([ps[i]]))
         torch.testing.assert_close(got[i:i + 1], alone, atol=1e-7, rtol=1e-6)
         assert torch.equal(got[i] == 0, alone[0] == 0)
+    # a graph's path (on a GPU): every row of the batch through the sort, the unfiltered ones too
+    whole = _graph_path(logits, temps, ks, ps)
+    torch.testing.assert_close(whole, got, atol=1e-7, rtol=1e-5)
+    assert torch.equal(whole == 0, got == 0)
+
+
+def _graph_path(logits, temps, ks, ps) -> torch.Tensor:
+    """``probs_from_logits``'s filtering path as a graph runs it, every row through the sort (on the CPU only the
+    rows that filter take it)."""
+    k, p = torch.tensor(ks), torch.tensor(ps, dtype=torch.float32)
+    return _filter(logits.float() / torch.tensor(temps, dtype=torch.float32).unsqueeze(-1), k, p, k > 0, p < 1.0)
 
 
 def test_unfiltered_rows_keep_their_tail_next_to_filtered_rows():
@@ -155,6 +167,11 @@ def test_unfiltered_rows_keep_their_tail_next_to_filtered_rows():
         plain = torch.softmax(logits[i].double(), -1)
         assert (got[i] > 0).all(), f"row {i}: {int((got[i] == 0).sum())} tokens zeroed in an unfiltered row"
         torch.testing.assert_close(got[i].double(), plain, atol=1e-7, rtol=1e-4)
+    # and through a graph's path, where rows 0 and 1 are sorted beside the filtered ones
+    whole = _graph_path(logits, temps, ks, ps)
+    for i in (0, 1):
+        assert (whole[i] > 0).all(), f"row {i}: {int((whole[i] == 0).sum())} tokens zeroed in an unfiltered row"
+        torch.testing.assert_close(whole[i].double(), torch.softmax(logits[i].double(), -1), atol=1e-7, rtol=1e-4)
     # row 2: top-k only -> exactly k tokens survive
     assert int((got[2] > 0).sum()) == 50
     for i in range(4):
