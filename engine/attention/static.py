@@ -11,9 +11,10 @@ the scratch block, and attend to those alone, so they never touch a real sequenc
 Two implementations. On CUDA one Triton launch per layer (``kernels.static_attention``) rotates
 q and k, writes the new K/V and attends over exactly each row's length (``fused_rotary``: the
 model hands it q and k unrotated). Elsewhere (the CPU, where the static path runs eagerly and is
-tested) the plain torch steps: KV write, a gather of all ``max_blocks`` pages of every row and a
-masked ``scaled_dot_product_attention``; reading whole pages costs bandwidth a paged kernel would
-not spend, and context buckets (``StepGraphs``) keep ``max_blocks`` close to the longest row.
+tested) the plain torch steps: KV write, a gather of the pages of every row (in a graph all ``max_blocks``;
+eagerly, those the longest row reaches) and a masked ``scaled_dot_product_attention``; reading whole pages costs
+bandwidth a paged kernel would not spend, and context buckets (``StepGraphs``) keep ``max_blocks`` close to the
+longest row.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class StaticAttention:
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
         self.mask: torch.Tensor | None = None
+        self.blocks = max_blocks  # pages the torch path gathers a row: all of them in a graph, eagerly (a CPU) those
+        # the longest row of this forward reaches
         self.splits = 1
         if self.fused_rotary:
             from kernels.static_attention import split_plan
@@ -111,7 +114,11 @@ class StaticAttention:
         bs = self.cache.block_size
         self.slots = (self.block_table.gather(1, q_pos // bs) * bs + q_pos % bs).reshape(-1)  # [B*Q]
         if not self.own_keys:
-            self.mask = (self._cols[None, None, :] <= q_pos[:, :, None])[:, None]   # [B, 1, Q, S]
+            cols = self._cols
+            if not q_pos.is_cuda:  # no graph to hold the shape: only the pages the longest row reaches
+                self.blocks = -(-int(self.kv_lens.max()) // bs)
+                cols = cols[:self.blocks * bs]
+            self.mask = (cols[None, None, :] <= q_pos[:, :, None])[:, None]         # [B, 1, Q, S]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -122,13 +129,14 @@ class StaticAttention:
             return static_attention(q, k, v, *rope, self.cache.k[layer], self.cache.v[layer], self.block_table,
                                     self.kv_lens, self.q_len, self.splits)
         self.cache.write(layer, self.slots, k, v)
-        b, n, s = self.rows, self.q_len, self.max_tokens
+        b, n, s = self.rows, self.q_len, self.blocks * self.cache.block_size
         hkv, d = k.shape[1:]
         qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
         if self.own_keys:  # query j at position j sees keys 0 .. j, all written just now (padding comes after)
             o = attend(qs, k.view(b, n, hkv, d).transpose(1, 2), v.view(b, n, hkv, d).transpose(1, 2), is_causal=True)
             return o.transpose(1, 2).reshape(b * n, -1, d)
-        rows = self.block_table.reshape(-1)  # index_select: a copy per block (advanced indexing: 6x slower on a CPU)
+        # index_select: a copy per block (advanced indexing: 6x slower on a CPU)
+        rows = self.block_table[:, :self.blocks].reshape(-1)
         keys = self.cache.k[layer].flatten(1).index_select(0, rows).view(b, s, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
         values = self.cache.v[layer].flatten(1).index_select(0, rows).view(b, s, hkv, d).transpose(1, 2)
         o = attend(qs, keys, values, self.mask)
