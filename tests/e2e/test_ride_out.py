@@ -103,7 +103,8 @@ def test_requests_wait_for_kv_room_instead_of_failing(colocated):
 def test_a_prompt_past_its_prefill_deadline_fails_alone(reference):
     stack = start_stack(draft="ngram", k=4, gateway_flags={"prefill_timeout_s": 1.0, "verifier_probe_s": 0.3})
     try:
-        long = gateway_pb2.GenerateRequest(text="The quick brown fox jumps over the lazy dog. " * 350)
+        # 1,200 tokens: a prefill of 4-5 s on one core of the CI machine, several times the 1 s deadline
+        long = gateway_pb2.GenerateRequest(text="The quick brown fox jumps over the lazy dog. " * 120)
         long.sampling.max_tokens = 4
 
         async def both():
