@@ -55,9 +55,7 @@ class StaticAttention:
         self.slots: torch.Tensor | None = None                                                         # [B*Q]
         self._cols = torch.arange(max_blocks * bs, device=dev)                                         # [S]
         self._offsets = torch.arange(q_len, device=dev) - q_len + 1                                    # [Q]
-        self.mask: torch.Tensor | None = None
-        self.blocks = max_blocks  # pages the torch path gathers a row: all of them in a graph, eagerly (a CPU) those
-        # the longest row of this forward reaches
+        self.mask: torch.Tensor | None = None  # [B, 1, Q, S]: S, the keys a row gathers, is whole pages
         self.splits = 1
         if self.fused_rotary:
             from kernels.static_attention import split_plan
@@ -116,8 +114,7 @@ class StaticAttention:
         if not self.own_keys:
             cols = self._cols
             if not q_pos.is_cuda:  # no graph to hold the shape: only the pages the longest row reaches
-                self.blocks = -(-int(self.kv_lens.max()) // bs)
-                cols = cols[:self.blocks * bs]
+                cols = cols[:-(-int(self.kv_lens.max()) // bs) * bs]
             self.mask = (cols[None, None, :] <= q_pos[:, :, None])[:, None]         # [B, 1, Q, S]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -129,14 +126,15 @@ class StaticAttention:
             return static_attention(q, k, v, *rope, self.cache.k[layer], self.cache.v[layer], self.block_table,
                                     self.kv_lens, self.q_len, self.splits)
         self.cache.write(layer, self.slots, k, v)
-        b, n, s = self.rows, self.q_len, self.blocks * self.cache.block_size
+        b, n = self.rows, self.q_len
         hkv, d = k.shape[1:]
         qs = q.view(b, n, -1, d).transpose(1, 2)                                           # [B, Hq, Q, D]
         if self.own_keys:  # query j at position j sees keys 0 .. j, all written just now (padding comes after)
             o = attend(qs, k.view(b, n, hkv, d).transpose(1, 2), v.view(b, n, hkv, d).transpose(1, 2), is_causal=True)
             return o.transpose(1, 2).reshape(b * n, -1, d)
+        s = self.mask.shape[-1]  # the pages prepare() chose
         # index_select: a copy per block (advanced indexing: 6x slower on a CPU)
-        rows = self.block_table[:, :self.blocks].reshape(-1)
+        rows = self.block_table[:, :s // self.cache.block_size].reshape(-1)
         keys = self.cache.k[layer].flatten(1).index_select(0, rows).view(b, s, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
         values = self.cache.v[layer].flatten(1).index_select(0, rows).view(b, s, hkv, d).transpose(1, 2)
         o = attend(qs, keys, values, self.mask)

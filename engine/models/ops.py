@@ -82,8 +82,9 @@ CPU_VOCAB_SLICE = 2048  # rows of an LM head's weight per matmul on the CPU
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """hidden: [..., H]; weight: [V, H] -> logits [..., V] in weight's dtype. On the CPU in slices of
     ``CPU_VOCAB_SLICE`` vocabulary rows: one sgemm over a whole 49k x 576 head reads the weight at ~5 GB/s on one
-    core (4-20 rows), a slice at a time ~1.3-1.6x faster, and each slice's dot products are the same arithmetic, so
-    the logits are the same bits. Elsewhere (CUDA) one matmul."""
+    core (4-20 rows), a slice at a time ~1.3-1.6x faster; each logit is the same dot product (the same bits where
+    measured; tests/engine/test_model.py holds it to float32 rounding and the same argmax). Elsewhere (CUDA) one
+    matmul."""
     if not hidden.is_cpu or weight.shape[0] <= CPU_VOCAB_SLICE:
         return F.linear(hidden, weight)
     return torch.cat([F.linear(hidden, w) for w in weight.split(CPU_VOCAB_SLICE)], dim=-1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
 import pytest
 
@@ -49,14 +50,17 @@ def chat_request(text: str, max_tokens: int = 32, **sampling) -> gateway_pb2.Gen
 
 
 async def generate(gateway: GatewayAccess | str, req: gateway_pb2.GenerateRequest,
-                   timeout: float = 300) -> tuple[list[int], str, object]:
+                   timeout: float = 300, token_times: list[float] | None = None) -> tuple[list[int], str, object]:
     """Stream one request (from a gateway's address, or its access: TLS, API key); returns (token ids, text, last
-    response)."""
+    response). ``token_times``: gets the monotonic time each response carrying tokens arrived."""
     gateway = access(gateway)
     ids, text, last = [], "", None
     async with gateway.channel() as ch:
         async for resp in gateway_pb2_grpc.GatewayStub(ch).Generate(req, timeout=timeout, metadata=gateway.metadata):
-            ids += tensors.token_ids(resp.token_ids, "token_ids")
+            new = tensors.token_ids(resp.token_ids, "token_ids")
+            if new and token_times is not None:
+                token_times.append(time.monotonic())
+            ids += new
             text += resp.text
             last = resp
     return ids, text, last
