@@ -35,12 +35,15 @@ def probs_from_logits(
         # whole vocabulary it is most of a sampled round's time on a CPU), the others take the plain softmax; where
         # each of them has a top k, a top-k pick of the largest stands in for the sort
         rows = (use_k | use_p).nonzero().squeeze(-1)
+        if not rows.numel():  # the caller said filtered, but no row filters
+            return torch.softmax(logits, dim=-1)
+        k, width = top_k[rows], None
+        if bool(use_k[rows].all()):
+            width = min(int(k.max()), logits.shape[-1])
+        if rows.numel() == logits.shape[0]:  # every row filters: no softmax to overwrite
+            return _filter(logits, top_k, top_p, use_k, use_p, width)
         probs = torch.softmax(logits, dim=-1)
-        if rows.numel():
-            k, width = top_k[rows], None
-            if bool(use_k[rows].all()):
-                width = min(int(k.max()), logits.shape[-1])
-            probs[rows] = _filter(logits[rows], k, top_p[rows], use_k[rows], use_p[rows], width)
+        probs[rows] = _filter(logits[rows], k, top_p[rows], use_k[rows], use_p[rows], width)
         return probs
     return _filter(logits, top_k, top_p, use_k, use_p)
 

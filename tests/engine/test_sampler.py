@@ -179,6 +179,16 @@ def test_unfiltered_rows_keep_their_tail_next_to_filtered_rows():
         assert torch.equal(got[i].double() == 0, ref == 0), f"row {i}"
 
 
+def test_filtered_by_the_caller_with_no_row_filtering_is_the_softmax():
+    """``filtered=True`` (a graph's key) where no row has a filter: the plain softmax, on every path."""
+    logits = _logits(3, 6)
+    temps, ks, ps = [1.0, 0.5, 2.0], [0, 0, 0], [1.0, 1.0, 1.0]
+    got = probs_from_logits(logits, torch.tensor(temps), torch.tensor(ks), torch.tensor(ps), filtered=True)
+    plain = torch.softmax(logits / torch.tensor(temps).unsqueeze(-1), -1)
+    torch.testing.assert_close(got, plain, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(_graph_path(logits, temps, ks, ps), plain, atol=1e-7, rtol=1e-5)
+
+
 def test_top_k_tail_survives_when_top_p_is_off():
     # a top-k row whose k-th token is ~1e-20 relative, next to a top-p row
     logits = torch.zeros(2, 16)
