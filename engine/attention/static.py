@@ -114,7 +114,8 @@ class StaticAttention:
         if not self.own_keys:
             cols = self._cols
             if not q_pos.is_cuda:  # no graph to hold the shape: only the pages the longest row reaches
-                cols = cols[:-(-int(self.kv_lens.max()) // bs) * bs]
+                pages = -(-int(self.kv_lens.max()) // bs)  # ceil(longest / page size)
+                cols = cols[:pages * bs]
             self.mask = (cols[None, None, :] <= q_pos[:, :, None])[:, None]         # [B, 1, Q, S]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
