@@ -8,8 +8,9 @@
 # G: the GPU tests of n-gram fused rounds, then the greedy round profiles again (n-gram, EAGLE head, plain).
 # T: the issue's table, one dataset a call (DATASET=humaneval or sharegpt): tandem bench none,auto,ngram at bs 1, 4,
 #    16, 64, greedy and T 0.7, 64 prompts, this commit (BASE=path: and the tree there, the A/B baseline, in the same
-#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`; PREV=path: and that tree before it, tagged -prev, at
-#    PREV_BS, default BS);
+#    call; carry it: `git archive 07c691b | tar -x -C .carry/base`, then make .carry/base/bench/run.py read ShareGPT's
+#    held-out split as this tree does, `sharegpt(split="eval")` for `split="train"`; PREV=path: and that tree before
+#    it, tagged -prev, at PREV_BS, default BS);
 #    TREE_S: each tree's time limit (default 290 s); MIN_S=S: this tree's cases repeated to S seconds (--min-seconds;
 #    the other trees' bench has no such flag); PIPE=N: and this tree with --pipeline-max-batch N at bs 16 and 64,
 #    greedy; BS=1,4: those batch sizes only; CONT=1: and this tree with continuous admission (NUM prompts, default
