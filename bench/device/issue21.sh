@@ -2,6 +2,8 @@
 # Serving at engine speed (issue 21) on the GPU, after staging (../shared/device/README.md, outside this repository:
 # stage.sh's chunks put on the machine), one device call per part:
 #   source .carry/env/setup.sh && TANDEM_COMMIT=<sha> PART=A bash bench/device/issue21.sh
+# The served stacks make throwaway certificates (rpc/certs.py: cryptography), which the GPU image lacks (2026-12-07):
+# stage with TANDEM_STAGE_EXTRA_WHEELS="cryptography cffi pycparser".
 # A: tandem bench-serve: the co-located and the split stack (default drafter, k 4) beside the in-process engine on
 #    the same prompts, concurrency 1, 8 and 64, greedy and T 0.7 (HumanEval, 128 new tokens, 4 client processes).
 # B: the co-located stack at concurrency 64, then the split stack's rounds at batch 8 with the n-gram drafter, early
