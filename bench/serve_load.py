@@ -77,12 +77,12 @@ def _grpc_response(res: Result, resp) -> None:
         res.acceptance_length = resp.usage.acceptance_length
 
 
-async def _grpc_request(load: Load, prompt: list[int], index: int, stub) -> Result:
-    """One Generate stream on the process's event loop (grpc.aio: no thread per stream, no GIL hand-offs per
-    message; what lets a few client processes keep up with tens of thousands of tokens/s)."""
+async def _grpc_request(load: Load, req, index: int, stub) -> Result:
+    """One Generate stream of a request built before the load started, on the process's event loop (grpc.aio: no
+    thread per stream, no GIL hand-offs per message; what lets a few client processes keep up with tens of
+    thousands of tokens/s)."""
     import grpc
 
-    req = _generate_request(load, prompt, index)
     res = Result(index, time.monotonic())
     try:
         metadata = load.gateway.metadata if load.gateway is not None else ()
@@ -171,6 +171,8 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
 
     gateway = load.gateway or GatewayAccess(load.address)
     results: list[Result] = []
+    # every request built (and what that imports, loaded) before the gate: the timed region only sends
+    requests = {i: _generate_request(load, prompts[i], i) for i in queue}
     # a connection per stream, as separate clients have (up to CONNECTIONS a process): where several gateway
     # processes share the port, the kernel spreads connections, not streams, over them
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
@@ -188,7 +190,7 @@ async def _grpc_streams(load: Load, prompts: list[list[int]], queue: list[int], 
                 i = queue.pop(0)
                 if offsets is not None:
                     await asyncio.sleep(max(0.0, start_at + offsets[i] - time.monotonic()))
-                results.append(await _grpc_request(load, prompts[i], i, stub))
+                results.append(await _grpc_request(load, requests[i], i, stub))
 
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         before = _cpu_s()  # the CPU of the run itself, not of imports and connecting

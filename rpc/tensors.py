@@ -2,27 +2,41 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from protos.tandem.v1 import common_pb2
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a torch tensor is made, not here: a gRPC client that sends token lists (bench-serve's load
+# processes) never loads it (seconds of CPU on a GPU machine, inside the load's timed region when it came lazily)
 _NUMPY = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float16": np.float16, "uint8": np.uint8}
-_TORCH = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "uint8": torch.uint8}
+_TORCH_NAMES = ("int32", "int64", "float32", "float16", "bfloat16", "uint8")
+
+
+@functools.cache
+def _torch_dtypes() -> dict:
+    import torch
+
+    return {name: getattr(torch, name) for name in _TORCH_NAMES}
 _ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
 
 
 def encode(value, dtype: str | None = None) -> common_pb2.Tensor:
     """A list, numpy array or torch tensor -> Tensor (bfloat16 only from torch)."""
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported: value cannot be a torch tensor
+    if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach().to("cpu").contiguous()
         if dtype is not None:
-            t = t.to(_TORCH[dtype])
+            t = t.to(_torch_dtypes()[dtype])
         name = str(t.dtype).removeprefix("torch.")
-        if name not in _TORCH:
+        if name not in _TORCH_NAMES:
             raise ValueError(f"tensor dtype {name} cannot cross the wire")
         data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return common_pb2.Tensor(dtype=name, shape=list(t.shape), data=data)
@@ -52,11 +66,13 @@ def to_numpy(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = tuple(
     return np.frombuffer(t.data, dtype=np.dtype(_NUMPY[t.dtype]).newbyteorder("<")).reshape(tuple(t.shape))
 
 
-def to_torch(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = tuple(_TORCH),
+def to_torch(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = _TORCH_NAMES,
              ndim: int | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
+    import torch
+
     _check(t, field, allowed, ndim)
     raw = torch.frombuffer(bytearray(t.data), dtype=torch.uint8) if t.data else torch.empty(0, dtype=torch.uint8)
-    return raw.view(_TORCH[t.dtype]).reshape(tuple(t.shape)).to(device)
+    return raw.view(_torch_dtypes()[t.dtype]).reshape(tuple(t.shape)).to(device)
 
 
 def token_ids(t: common_pb2.Tensor, field: str) -> list[int]:
