@@ -11,8 +11,8 @@ torch imported (``--torch``) or not. Alternate the two in a shell loop to compar
 from __future__ import annotations
 
 import argparse
-import importlib
 import asyncio
+import importlib
 import multiprocessing as mp
 import resource
 import time

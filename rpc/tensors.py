@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from typing import TYPE_CHECKING
@@ -17,14 +16,7 @@ if TYPE_CHECKING:
 # torch is imported where a torch tensor is made, not here: a gRPC client that sends token lists (bench-serve's load
 # processes) never loads it (seconds of CPU on a GPU machine, inside the load's timed region when it came lazily)
 _NUMPY = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float16": np.float16, "uint8": np.uint8}
-_TORCH_NAMES = ("int32", "int64", "float32", "float16", "bfloat16", "uint8")
-
-
-@functools.cache
-def _torch_dtypes() -> dict:
-    import torch
-
-    return {name: getattr(torch, name) for name in _TORCH_NAMES}
+_TORCH_NAMES = ("int32", "int64", "float32", "float16", "bfloat16", "uint8")  # each the name of a torch dtype
 _ITEMSIZE = {"int32": 4, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
 
 
@@ -34,7 +26,7 @@ def encode(value, dtype: str | None = None) -> common_pb2.Tensor:
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach().to("cpu").contiguous()
         if dtype is not None:
-            t = t.to(_torch_dtypes()[dtype])
+            t = t.to(getattr(torch, dtype))
         name = str(t.dtype).removeprefix("torch.")
         if name not in _TORCH_NAMES:
             raise ValueError(f"tensor dtype {name} cannot cross the wire")
@@ -72,7 +64,7 @@ def to_torch(t: common_pb2.Tensor, field: str, allowed: tuple[str, ...] = _TORCH
 
     _check(t, field, allowed, ndim)
     raw = torch.frombuffer(bytearray(t.data), dtype=torch.uint8) if t.data else torch.empty(0, dtype=torch.uint8)
-    return raw.view(_torch_dtypes()[t.dtype]).reshape(tuple(t.shape)).to(device)
+    return raw.view(getattr(torch, t.dtype)).reshape(tuple(t.shape)).to(device)
 
 
 def token_ids(t: common_pb2.Tensor, field: str) -> list[int]:
