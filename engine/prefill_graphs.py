@@ -39,8 +39,11 @@ if TYPE_CHECKING:
     from engine.runner import ModelRunner
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)  # padded chunk lengths; longer chunks run eagerly
-PREFILL_ROWS = (1, 2, 4, 8)   # sequences one replay takes
-PREFILL_MAX_TOKENS = 2048     # rows x padded length of a bucket (8 rows up to 256 tokens, 1 up to 2,048)
+PREFILL_ROWS = (1, 2, 4, 8, 16, 32, 64)  # sequences one replay takes
+PREFILL_MAX_TOKENS = 8192     # rows x padded length of a bucket (64 rows up to 128 tokens, 4 up to 2,048)
+# What ``pack`` weighs a replay at, in padded tokens: a replay's fixed cost (its ~900 kernels' latency) over what one
+# more padded token costs it (bench/prefill_buckets.py measures both)
+REPLAY_TOKENS = 4096
 OWN_KEYS = 0                  # a bucket's context when every row is a whole prompt: it attends to its own keys alone
 
 
@@ -91,16 +94,56 @@ class PrefillGraphs:
         bucket keeps, more rows or tokens than a bucket holds, or padding that would pass the context."""
         if not rows or any(n < self.min_tokens or not 0 <= m <= self.max_logits for _, n, m in rows):
             return None
-        q = next((b for b in PREFILL_BUCKETS if b >= max(n for _, n, _ in rows)), None)
-        r = next((b for b in PREFILL_ROWS if b >= len(rows)), None)
+        return self._key(len(rows), max(n for _, n, _ in rows), max(start for start, _, _ in rows), aux_layers,
+                         features)
+
+    def _key(self, count: int, longest: int, last_start: int, aux_layers: tuple[int, ...], features: int
+             ) -> tuple[int, int, int, tuple[int, ...], int] | None:
+        """``group_for``'s bucket of ``count`` chunks (each valid alone), the longest of ``longest`` tokens, the last
+        to start at ``last_start``."""
+        q = next((b for b in PREFILL_BUCKETS if b >= longest), None)
+        r = next((b for b in PREFILL_ROWS if b >= count), None)
         if q is None or r is None or r * q > PREFILL_MAX_TOKENS:
             return None
-        last = max(start for start, _, _ in rows) + q
+        last = last_start + q
         if last > self.max_context:
             return None
         if last == q:  # whole prompts: no key before their own
             return r, q, OWN_KEYS, aux_layers, features
         return r, q, next(c for c in self.context_buckets if c >= last), aux_layers, features
+
+    def pack(self, rows: Sequence[tuple[int, int, int]], aux_layers: tuple[int, ...], features: int = 0
+             ) -> list[tuple[tuple[int, int, int, tuple[int, ...], int], list[int]]]:
+        """Chunks, each (start, n tokens, num_logits), packed into replays -> [(bucket key, the chunks' indices)];
+        a chunk no bucket takes alone is in none. The chunks, by length, are cut into runs that one bucket each takes,
+        the runs chosen to cost least: ``REPLAY_TOKENS`` a replay plus its bucket's rows x padded length (so a long
+        prompt does not pad many short ones to its length, and short prompts share one replay)."""
+        order = sorted((i for i, row in enumerate(rows) if self.group_for([row], aux_layers, features) is not None),
+                       key=lambda i: rows[i][1])
+        starts = [rows[i][0] for i in order]
+        rows_bucket = [0] + [next((b for b in PREFILL_ROWS if b >= c), 0) for c in range(1, PREFILL_ROWS[-1] + 1)]
+        best = [0]   # [j]: the least cost of the first j chunks (by length) packed
+        cut = [0]    # [j]: where the last run of that packing starts
+        for j in range(1, len(order) + 1):  # the last run is order[i:j]; its longest chunk is order[j - 1]
+            q = next(b for b in PREFILL_BUCKETS if b >= rows[order[j - 1]][1])
+            most = PREFILL_MAX_TOKENS // q  # rows a bucket of this length holds
+            cost, at, last_start = -1, j - 1, 0
+            for i in range(j - 1, -1, -1):  # a longer run (more rows, a later start) fits no better: break
+                count = j - i
+                last_start = max(last_start, starts[i])
+                if count > PREFILL_ROWS[-1] or rows_bucket[count] > most or last_start + q > self.max_context:
+                    break
+                c = best[i] + REPLAY_TOKENS + rows_bucket[count] * q
+                if cost < 0 or c < cost:
+                    cost, at = c, i
+            best.append(cost)
+            cut.append(at)
+        groups, j = [], len(order)
+        while j > 0:
+            i = cut[j]
+            groups.append((self.group_for([rows[m] for m in order[i:j]], aux_layers, features), order[i:j]))
+            j = i
+        return groups[::-1]
 
     def bucket_for(self, start: int, n: int, num_logits: int, aux_layers: tuple[int, ...], features: int = 0
                    ) -> tuple[int, int, int, tuple[int, ...], int] | None:

@@ -93,22 +93,16 @@ class ModelRunner:
 
     def _prefill_groups(self, chunks: Sequence[Chunk], aux_layers: tuple[int, ...], features: int
                         ) -> list[tuple[tuple, list[int]]]:
-        """The round's chunks that are not uniform steps (prompts) packed into prefill-graph replays: by length,
-        each joining the group before it while one bucket takes them all -> [(bucket key, chunk indices)]."""
+        """The round's chunks that are not uniform steps (prompts) packed into prefill-graph replays
+        (``PrefillGraphs.pack``) -> [(bucket key, chunk indices)]."""
         pg, steps = self.prefill_graphs, self.graphs
         if pg is None:
             return []
-        rows = {i: (self.allocator.length(c.seq_id), len(c.token_ids), c.num_logits) for i, c in enumerate(chunks)
-                if not (len(c.token_ids) <= steps.max_q_len and c.num_logits == len(c.token_ids))}
-        alone = {i: pg.group_for([row], aux_layers, features) for i, row in rows.items()}
-        groups: list[tuple[tuple, list[int]]] = []
-        for i in sorted((i for i, key in alone.items() if key is not None), key=lambda i: rows[i][1]):
-            key = pg.group_for([rows[j] for j in groups[-1][1]] + [rows[i]], aux_layers, features) if groups else None
-            if key is not None:
-                groups[-1] = (key, groups[-1][1] + [i])
-            else:
-                groups.append((alone[i], [i]))
-        return groups
+        index = [i for i, c in enumerate(chunks)
+                 if not (len(c.token_ids) <= steps.max_q_len and c.num_logits == len(c.token_ids))]
+        rows = [(self.allocator.length(chunks[i].seq_id), len(chunks[i].token_ids), chunks[i].num_logits)
+                for i in index]
+        return [(key, [index[m] for m in members]) for key, members in pg.pack(rows, aux_layers, features)]
 
     def _prefill(self, key, chunks: Sequence[Chunk], features: Sequence[torch.Tensor | None]
                  ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:

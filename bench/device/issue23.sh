@@ -35,6 +35,9 @@
 #    DATASET (default humaneval), with --spec-max-batch 8 and then 16 (one tree, this one).
 # Y: py-spy over one continuous load (bs 64, 1024 prompts, the EAGLE head, --spec-rounds ROUNDS, default 1), in
 #    BASE=path's tree and then this one (carry [".carry/env", ".whl", BASE]).
+# F: a wave's prompts packed into prefill replays: bench.prefill_buckets (what a replay costs by rows x length), then
+#    tandem bench at BS (default 16,64), plain and the EAGLE head (DRAFTS), greedy, 64 prompts of DATASET, --min-seconds
+#    MIN_S (default 2), in PREV=path's tree and this one in turn, ORDER (default "prev new prev new"), after a warm-up.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -52,6 +55,19 @@ case "${PART:-P}" in
       --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --spec-max-batch 64 \
       --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-forced.log" 2>&1
     tail -30 "$OUT/$name-forced.md" 2>/dev/null || tail -20 "$OUT/$name-forced.log"; echo "bench done at $SECONDS s" ;;
+  F)
+    [ -n "${NO_PROBE:-}" ] || { timeout 150 python3 -m bench.prefill_buckets > "$OUT/$name-prefill-buckets.log" 2>&1;
+      cat "$OUT/$name-prefill-buckets.log" | cut -c1-120; }
+    ds=${DATASET:-humaneval}
+    timeout 100 python3 -m cli.main bench --name warm --dataset "$ds" --num-prompts 64 --batch-sizes 64 --drafts none \
+      --baselines none --temperatures 0 --attention torch --device cuda --out-dir /tmp/warm > /dev/null 2>&1
+    for t in ${ORDER:-prev new prev new}; do
+      tree=$([ "$t" = prev ] && echo "$PREV" || echo .); tag="$name-$ds-prefill-$t-$SECONDS"
+      (cd "$tree" && timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 \
+        --batch-sizes "${BS:-16,64}" --drafts "${DRAFTS:-none,auto}" --baselines none --temperatures 0 \
+        --min-seconds "${MIN_S:-2}" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1)
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    done ;;
   G)
     timeout 400 python3 -m pytest -q -x tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fused_sampling.py -k "ngram" \
       > "$OUT/gpu-tests.log" 2>&1; tail -3 "$OUT/gpu-tests.log"

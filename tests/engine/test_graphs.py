@@ -106,7 +106,7 @@ def test_a_lone_prefill_runs_padded_in_a_prefill_bucket_and_matches_the_paged_pa
 
 
 def test_a_round_of_prompts_and_decode_rows_packs_the_prompts_into_prefill_graphs(smollm, monkeypatch):
-    """engine/runner.py: a round's prompt chunks packed by length into prefill-graph replays of up to 8 rows (at
+    """engine/runner.py: a round's prompt chunks packed by length into prefill-graph replays (``PrefillGraphs.pack``, at
     most MAX_GRAPH_PREFILLS replays), the decode rows as one step beside them, the outputs copied out in chunk
     order; a chunk further into its prompt packed beside whole prompts; more replays than that: one batch."""
     import engine.runner
@@ -138,15 +138,67 @@ def test_a_round_of_prompts_and_decode_rows_packs_the_prompts_into_prefill_graph
     assert (4, 64, 512, (), 0) in static.prefill_graphs._buckets
     nxt = [Chunk(s, [4]) for s in ["a", "b", "p", "q", "s", "r", "n0", "n1", "n2"]]
     torch.testing.assert_close(static.run(nxt).logits, eager.run(nxt).logits, **LOGIT_TOL)
-    # nine prompts: a replay of 8 rows and one of 1 (two replays), equal to eager
+    # nine prompts: one replay of 16 rows (padding rows past them), equal to eager
     nine = [Chunk(f"m{i}", list(range(50 + i, 80 + 3 * i))) for i in range(9)]
     torch.testing.assert_close(static.run(nine).logits, eager.run(nine).logits, **LOGIT_TOL)
-    assert (8, 64, OWN_KEYS, (), 0) in static.prefill_graphs._buckets  # whole prompts: their own keys
+    assert (16, 64, OWN_KEYS, (), 0) in static.prefill_graphs._buckets  # whole prompts: their own keys
     # more replays than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
     monkeypatch.setattr(engine.runner, "MAX_GRAPH_PREFILLS", 1)
     monkeypatch.setattr(static.prefill_graphs, "run", None)
-    two = [Chunk(f"t{i}", list(range(60, 90 + 10 * i))) for i in range(9)]
+    two = [Chunk("t", list(range(60, 960)))] + [Chunk(f"t{i}", list(range(60, 90 + i))) for i in range(8)]  # 2 replays
     torch.testing.assert_close(static.run(two).logits, eager.run(two).logits, **LOGIT_TOL)
+
+
+def test_prompts_pack_into_the_replays_that_cost_least(smollm):
+    """``PrefillGraphs.pack``: many short prompts share one replay, a long one does not pad them to its length, a
+    chunk no bucket takes is left out, and the packing's cost (REPLAY_TOKENS a replay + its rows x padded length)
+    is the least of every way to cut the chunks, by length, into runs (all of them enumerated)."""
+    import itertools
+    import random
+
+    from engine.prefill_graphs import PREFILL_MAX_TOKENS, REPLAY_TOKENS
+
+    pg = _runner(smollm, True).prefill_graphs  # a context of 1,024
+
+    def cost(groups):
+        return sum(REPLAY_TOKENS + key[0] * key[1] for key, _ in groups)
+
+    short = [(0, 20 + i, 1) for i in range(64)]  # 20 .. 83 tokens: one bucket of 64 rows x 128
+    assert pg.pack(short, ()) == [((64, 128, OWN_KEYS, (), 0), sorted(range(64), key=lambda i: short[i][1]))]
+    # fifteen short prompts and one of 500 tokens: 16 x 512 padded would be 8,192 tokens; the long one goes alone
+    mixed = [(0, 30, 1)] * 7 + [(0, 500, 1)] + [(0, 40, 1)] * 8
+    assert [(key[:2], sorted(m)) for key, m in pg.pack(mixed, ())] == [((16, 64), [i for i in range(16) if i != 7]),
+                                                                        ((1, 512), [7])]
+    # too short (1 token: a step's), too long for the context, more logits than a bucket keeps: in no replay
+    odd = [(0, 1, 1), (0, 3000, 1), (0, 40, 40), (100, 40, 1), (0, 40, 1)]
+    assert [(key[:3], m) for key, m in pg.pack(odd, ())] == [((2, 64, 512), [3, 4])]  # one chunk further in: a context
+    rng = random.Random(0)
+    for _ in range(30):
+        rows = [(rng.choice([0, 0, 0, 200]), rng.choice([5, 30, 60, 120, 200, 400, 700, 900]), 1)
+                for _ in range(rng.randint(1, 7))]
+        got = pg.pack(rows, ())
+        alone = [i for i, row in enumerate(rows) if pg.group_for([row], ()) is not None]  # (a start of 200 + 1,024)
+        assert sorted(i for _, m in got for i in m) == alone
+        assert all(key == pg.group_for([rows[i] for i in m], ()) and key[0] * key[1] <= PREFILL_MAX_TOKENS
+                   for key, m in got)
+        if not alone:
+            assert got == []
+            continue
+        order = sorted(alone, key=lambda i: rows[i][1])
+        least = None
+        for cuts in itertools.product([False, True], repeat=len(order) - 1):  # every way to cut the runs
+            runs, run = [], [order[0]]
+            for i, cut in zip(order[1:], cuts):
+                if cut:
+                    runs.append(run)
+                    run = []
+                run.append(i)
+            runs.append(run)
+            keys = [pg.group_for([rows[i] for i in r], ()) for r in runs]
+            if None not in keys:
+                c = cost(list(zip(keys, runs)))
+                least = c if least is None else min(least, c)
+        assert cost(got) == least
 
 
 def test_the_scratch_block_is_reserved_and_returned_outputs_survive_the_next_step(smollm):
