@@ -66,7 +66,8 @@
 #    own (the default from 2026-11-26), ABBA after a warm-up: the co-located stack with GATEWAYS (default 2)
 #    gateway processes at c 8 and 64 greedy over NUM (default 512) prompts a load.
 # Z: the table of issue 21 at this tree: bench-serve co-located (GATEWAYS, default 2) and split --direct-draft
-#    beside the in-process engine, c 1, 8 and 64, greedy and T 0.7, default prompt counts.
+#    beside the in-process engine, c 1, 8 and 64 (CONC), greedy and T 0.7, default prompt counts (NUM: that many a
+#    load), within TABLE_S (default 590) seconds.
 # AB: A/B of BASE=path's tree and this one at c 64 greedy over NUM (default 1,024) prompts, ABBA: the engine alone
 #    (serve_probe.py, decoder.step() with each stream's next prompt as its last ends) and the co-located stack with
 #    2 gateway processes.
@@ -460,10 +461,12 @@ case "${PART:-A}" in
     for variant in false true true false; do serve "$name-engine-process-$variant-$SECONDS" $variant ${NUM:-512}; done
     rm -f "$OUT"/*.md "$OUT"/*.png ;;
   Z)
-    timeout 590 python3 -m cli.main bench-serve --name "$name-table" --servers tandem-colocated,tandem-split-direct \
-      --gateways ${GATEWAYS:-2} --concurrency 1,8,64 --temperatures 0,0.7 --max-tokens 128 --client-processes 4 \
-      --in-process --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-table.log" 2>&1
-    grep -E '^\{' "$OUT/$name-table.log" | cut -c1-160; rm -f "$OUT"/*.png ;;
+    tag=$name-table${NUM:+-n$NUM}${CONC:+-c$(echo "$CONC" | tr , -)}
+    timeout "${TABLE_S:-590}" python3 -m cli.main bench-serve --name "$tag" --servers tandem-colocated,tandem-split-direct \
+      --gateways ${GATEWAYS:-2} --concurrency "${CONC:-1,8,64}" --temperatures 0,0.7 --max-tokens 128 \
+      ${NUM:+--num-prompts "$NUM"} --client-processes 4 --in-process --attention torch --device cuda --out-dir "$OUT" \
+      > "$OUT/$tag.log" 2>&1
+    grep -E '^\{' "$OUT/$tag.log" | cut -c1-160; rm -f "$OUT"/*.png ;;
   AB)
     probe() {  # tree tag
       (cd "$1" && TANDEM_ATTENTION=torch timeout 200 python3 bench/device/serve_probe.py --concurrency 64 \
