@@ -31,6 +31,28 @@ def check_k(k: int, max_k: int, field_name: str = "k") -> None:
     _require(0 <= k <= max_k, field_name, f"must be in [0, max_k={max_k}], got {k}")
 
 
+MAX_TREE_NODES = 62  # a draft tree's nodes and root as the bits of one int64 (engine/rounds/tree.py)
+
+
+def tree_nodes(branching: tuple[int, ...]) -> int:
+    """Nodes of a draft tree with these children per depth (2, 2, 1, 1: 2 + 4 + 4 + 4 = 14)."""
+    total, width = 0, 1
+    for b in branching:
+        width *= b
+        total += width
+    return total
+
+
+def check_tree(branching: object, k: int, field_name: str = "spec_tree") -> None:
+    """A draft tree: k integers >= 1 (children per depth), at most MAX_TREE_NODES nodes (ValueError naming the
+    field)."""
+    _require(isinstance(branching, tuple) and all(isinstance(b, int) and b >= 1 for b in branching), field_name,
+             f"must be children per depth, integers >= 1 (e.g. 2,2,1,1), got {branching!r}")
+    _require(len(branching) == k and k > 0, field_name, f"must have k = {k} depths (k > 0), got {len(branching)}")
+    _require(tree_nodes(branching) <= MAX_TREE_NODES, field_name,
+             f"{branching} has {tree_nodes(branching)} nodes; at most {MAX_TREE_NODES}")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Rotary scaling. ``kind`` "none", "linear" (position / factor) or "llama3"."""
@@ -163,6 +185,10 @@ class EngineConfig:
     # serves several arrivals instead of each arrival costing the running batch an eager round; 1: as they come
     admit_group: int = 1
     admit_group_min_batch: int = 16
+    # greedy rounds of the co-located graph verify a tree of drafts, this many children under each node by depth
+    # (engine/rounds/tree.py; depth k, at most MAX_TREE_NODES nodes); sampled rounds verify its first path, a chain;
+    # None: a chain of k
+    spec_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
@@ -196,6 +222,8 @@ class EngineConfig:
                  f"must be >= 1, got {self.admit_group_min_batch}")
         _require(self.max_round_tokens is None or self.max_round_tokens >= self.kv_block_size, "max_round_tokens",
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
+        if self.spec_tree is not None:
+            check_tree(self.spec_tree, self.k)
 
     @property
     def torch_dtype(self):

@@ -54,6 +54,7 @@ def static_attention_reference(
     block_table: torch.Tensor,  # [B, M] int64
     kv_lens: torch.Tensor,      # [B] int64, each in [Q, M * BS]
     q_len: int,
+    tree: torch.Tensor | None = None,  # [Q] int64: the new tokens each one sees, as bits (None: causal)
 ) -> torch.Tensor:              # [B*Q, Hq, D] q's dtype
     b, m = block_table.shape
     bs, hkv, d = k_cache.shape[1:]
@@ -65,9 +66,22 @@ def static_attention_reference(
     keys = k_cache[block_table].view(b, s, hkv, d).transpose(1, 2)      # [B, Hkv, S, D]
     values = v_cache[block_table].view(b, s, hkv, d).transpose(1, 2)
     qs = _rotate(q, cos, sin).view(b, q_len, -1, d).transpose(1, 2)    # [B, Hq, Q, D]
-    mask = (torch.arange(s, device=q.device)[None, None, :] <= pos.view(b, q_len)[:, :, None])[:, None]
+    mask = tree_mask(torch.arange(s, device=q.device), pos.view(b, q_len), kv_lens - q_len, tree)[:, None]
     o = F.scaled_dot_product_attention(qs, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True)
     return o.transpose(1, 2).reshape(b * q_len, -1, d)
+
+
+def tree_mask(cols: torch.Tensor,        # [S] key positions
+              q_pos: torch.Tensor,       # [B, Q] each query's slot position
+              start: torch.Tensor,       # [B] the first new token's position (kv_len - Q)
+              tree: torch.Tensor | None  # [Q] int64 bits: the new tokens each query sees (None: causal)
+              ) -> torch.Tensor:         # [B, Q, S] bool: which keys each query sees
+    """Causal (key <= query), or with a tree: every key before the new tokens, and the new tokens its bits name."""
+    if tree is None:
+        return cols[None, None, :] <= q_pos[:, :, None]
+    rel = cols[None, None, :] - start[:, None, None]                                   # [B, 1, S]
+    bits = (tree[None, :, None] >> rel.clamp(0, 62)) & 1                               # [B, Q, S]
+    return (rel < 0) | ((rel < tree.shape[0]) & bits.bool())
 
 
 @triton.jit
@@ -118,13 +132,14 @@ def _static_attention_kernel(
     kc_ptr, vc_ptr,             # [NB, BS, Hkv, D] contiguous: one layer of the cache
     table_ptr,                  # [B, M] int64 contiguous
     lens_ptr,                   # [B] int64
+    tree_ptr,                   # [Q] int64: the new tokens each sees, as bits (TREE)
     out_ptr,                    # [T, Hq, D] contiguous (SPLITS == 1)
     part_ptr,                   # [B, Hkv, SPLITS, BLOCK_M, D + 2] float32: acc, max, sum per split (SPLITS > 1)
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rope,
     max_blocks, sm_scale,
     Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    IEEE: tl.constexpr, PIPELINED: tl.constexpr,
+    IEEE: tl.constexpr, PIPELINED: tl.constexpr, TREE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -192,7 +207,12 @@ def _static_attention_kernel(
             acc, m_i, l_i = _cached_block(acc, m_i, l_i, start, hi, table, kc_ptr, vc_ptr, h, rq1, rq2, live_r,
                                           sm_scale, HKV, HALF, BS, BLOCK_N, IEEE)
             start += BLOCK_N
-    seen = first & live_r[:, None] & live_j[None, :] & (j[None, :] <= (r // G)[:, None])
+    if TREE:  # a draft tree: the new tokens each query's bits name (itself, its ancestors, the root)
+        bits = tl.load(tree_ptr + r // G, mask=live_r, other=0)
+        own = ((bits[:, None] >> j[None, :].to(tl.int64)) & 1) != 0
+    else:
+        own = j[None, :] <= (r // G)[:, None]
+    seen = first & live_r[:, None] & live_j[None, :] & own
     acc, m_i, l_i = _softmax_step(acc, m_i, l_i, _scores(rq1, rq2, nk1, nk2, IEEE), seen, nv, sm_scale, IEEE)
     if SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -258,6 +278,7 @@ def static_attention(
     kv_lens: torch.Tensor,      # [B] int64: KV length of each row after this forward, in [Q, M * BS]
     q_len: int,
     splits: int = 1,            # programs per (row, KV head), each over a share of the row's cached keys (split_plan)
+    tree: torch.Tensor | None = None,  # [Q] int64: the new tokens each sees, as bits (None: causal)
 ) -> torch.Tensor:              # [B*Q, Hq, D] contiguous, q's dtype
     check_int("q_len", q_len, 1)
     check_int("splits", splits, 1)
@@ -289,6 +310,8 @@ def static_attention(
             raise ValueError(f"{name} must be contiguous in its last dimension")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache and v_cache must be contiguous")
+    if tree is not None:
+        check_tensor("tree", tree, torch.int64, (q_len,), dev)
     check_launchable(_static_attention_kernel, dev)
     out = torch.empty((t, hq, d), dtype=q.dtype, device=dev)
     if b == 0:
@@ -297,12 +320,13 @@ def static_attention(
     block_m = max(16, pow2_at_least(q_len * g))
     part = torch.empty((b, hkv, splits, block_m, d + 2) if splits > 1 else (1,), dtype=torch.float32, device=dev)
     _static_attention_kernel[(b, hkv, splits)](
-        q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(), out, part,
+        q, k, v, cos, sin, k_cache, v_cache, block_table.contiguous(), kv_lens.contiguous(),
+        kv_lens if tree is None else tree, out, part,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         m, 1.0 / math.sqrt(d),
         Q=q_len, G=g, HKV=hkv, HALF=d // 2, BS=bs, BLOCK_Q=max(16, pow2_at_least(q_len)), BLOCK_M=block_m,
         BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32,
-        PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction))
+        PIPELINED=not isinstance(_static_attention_kernel, InterpretedFunction), TREE=tree is not None)
     if splits > 1:
         _combine_kernel[(b, hkv, q_len * g)](part, out, Q=q_len, G=g, HKV=hkv, D=d, BLOCK_M=block_m, SPLITS=splits,
                                   BLOCK_S=pow2_at_least(splits))

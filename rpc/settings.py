@@ -25,6 +25,18 @@ def _none_word(value: object) -> object:
 OptionalInt = Annotated[int | None, BeforeValidator(_none_word)]
 
 
+def _tree_text(value: object) -> object:
+    """'2,2,1,1' (a flag, a TANDEM_* variable) -> (2, 2, 1, 1); none -> None."""
+    value = _none_word(value)
+    if isinstance(value, str):
+        try:
+            return tuple(int(x) for x in value.split(","))
+        except ValueError:
+            raise ValueError(f"must be children per depth, integers separated by commas (e.g. 2,2,1,1), "
+                             f"got {value!r}") from None
+    return value
+
+
 class TandemSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TANDEM_", extra="forbid", frozen=True)
 
@@ -147,6 +159,10 @@ class EngineSettings(DraftLengthSettings):
                              "comes)")
     admit_group_min_batch: int = Field(16, ge=1, description="--admit-group holds arrivals only while at least N "
                                        "requests run (below that, arrivals are too rare to gather)")
+    spec_tree: Annotated[tuple[int, ...] | None, BeforeValidator(_tree_text)] = Field(
+        None, description="greedy co-located rounds verify a tree of drafts: this many candidates under each node, by "
+        "depth (k depths), e.g. 2,2,1,1 (14 drafts a round); sampled rounds verify its first path. Needs a drafter "
+        "inside the round's graph that drafts trees (the EAGLE head, a draft model). None: a chain of k")
 
     # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m
     WIRE_TOP_M: ClassVar[int] = 32
@@ -166,7 +182,7 @@ class EngineSettings(DraftLengthSettings):
                             pipeline_max_batch=self.pipeline_max_batch, plain_steps=self.plain_steps,
                             plain_steps_min_batch=self.plain_steps_min_batch, admit_group=self.admit_group,
                             spec_rounds=self.spec_rounds, spec_rounds_min_batch=self.spec_rounds_min_batch,
-                            admit_group_min_batch=self.admit_group_min_batch)
+                            admit_group_min_batch=self.admit_group_min_batch, spec_tree=self.spec_tree)
 
 
 class ServiceEngineSettings(ServerSettings, EngineSettings):

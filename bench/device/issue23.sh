@@ -38,6 +38,9 @@
 # F: a wave's prompts packed into prefill replays: bench.prefill_buckets (what a replay costs by rows x length), then
 #    tandem bench at BS (default 16,64), plain and the EAGLE head (DRAFTS), greedy, 64 prompts of DATASET, --min-seconds
 #    MIN_S (default 2), in PREV=path's tree and this one in turn, ORDER (default "prev new prev new"), after a warm-up.
+# X: draft trees (--spec-tree): tandem bench at BS (default 1,4,16), greedy, 64 prompts of DATASET, --min-seconds
+#    MIN_S (default 2): plain and the EAGLE head's chain, then the head with each tree of TREES (default 2,2,1,1 and
+#    3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -55,6 +58,18 @@ case "${PART:-P}" in
       --batch-sizes 1,4,16,64 --drafts none,auto,ngram --baselines none --temperatures 0,0.7 --spec-max-batch 64 \
       --attention torch --device cuda --out-dir "$OUT" > "$OUT/$name-forced.log" 2>&1
     tail -30 "$OUT/$name-forced.md" 2>/dev/null || tail -20 "$OUT/$name-forced.log"; echo "bench done at $SECONDS s" ;;
+  X)
+    [ -n "${NO_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -x tests/gpu/test_gpu_tree.py > "$OUT/$name-tree-tests.log" 2>&1;
+      tail -3 "$OUT/$name-tree-tests.log"; echo "tests done at $SECONDS s"; }
+    ds=${DATASET:-humaneval}
+    for tree in chain ${TREES:-2,2,1,1 3,2,1,1}; do
+      tag="$name-$ds-tree-$(echo "$tree" | tr -d ,)"
+      if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts auto --spec-tree "$tree"); fi
+      timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 --batch-sizes "${BS:-1,4,16}" \
+        "${more[@]}" --baselines none --temperatures 0 --min-seconds "${MIN_S:-2}" --attention torch --device cuda \
+        --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
+    done ;;
   F)
     [ -n "${NO_PROBE:-}" ] || { timeout 150 python3 -m bench.prefill_buckets > "$OUT/$name-prefill-buckets.log" 2>&1;
       cat "$OUT/$name-prefill-buckets.log" | cut -c1-120; }

@@ -34,15 +34,18 @@ class StaticAttention:
     name = "static"
 
     def __init__(self, cache: PagedKVCache, num_heads: int, rows: int, q_len: int, max_blocks: int,
-                 scratch_block: int, use_kernel: bool | None = None, own_keys: bool = False) -> None:
+                 scratch_block: int, use_kernel: bool | None = None, own_keys: bool = False,
+                 tree: torch.Tensor | None = None) -> None:
         """use_kernel: the Triton launch (None: when the cache is on CUDA; True on the CPU needs TRITON_INTERPRET).
         own_keys (the torch path): every row is a whole prompt from position 0, so its queries see exactly the keys
-        this forward writes: causal attention over those (flash), no gather of the cache's pages, no mask."""
+        this forward writes: causal attention over those (flash), no gather of the cache's pages, no mask.
+        tree: [q_len] int64, the new tokens each new token sees, as bits (a draft tree's ancestors, engine/rounds/
+        tree.py), instead of those before it; every cached key is seen either way."""
         dev = cache.k.device
         self.fused_rotary = dev.type == "cuda" if use_kernel is None else use_kernel
-        if own_keys and self.fused_rotary:
-            raise ValueError("own_keys: the torch path's (use_kernel=False)")
-        self.own_keys = own_keys
+        if own_keys and (self.fused_rotary or tree is not None):
+            raise ValueError("own_keys: the torch path's (use_kernel=False), causal")
+        self.own_keys, self.tree = own_keys, tree
         self.cache = cache
         self.num_heads = num_heads
         self.rows, self.q_len, self.max_blocks = rows, q_len, max_blocks
@@ -116,7 +119,12 @@ class StaticAttention:
             if not q_pos.is_cuda:  # no graph to hold the shape: only the pages the longest row reaches
                 pages = -(-int(self.kv_lens.max()) // bs)  # ceil(longest / page size)
                 cols = cols[:pages * bs]
-            self.mask = (cols[None, None, :] <= q_pos[:, :, None])[:, None]         # [B, 1, Q, S]
+            if self.tree is None:
+                self.mask = (cols[None, None, :] <= q_pos[:, :, None])[:, None]         # [B, 1, Q, S]
+            else:
+                from kernels.static_attention import tree_mask
+
+                self.mask = tree_mask(cols, q_pos, self.kv_lens - self.q_len, self.tree)[:, None]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -125,7 +133,7 @@ class StaticAttention:
             from kernels.static_attention import static_attention
 
             return static_attention(q, k, v, *rope, self.cache.k[layer], self.cache.v[layer], self.block_table,
-                                    self.kv_lens, self.q_len, self.splits)
+                                    self.kv_lens, self.q_len, self.splits, self.tree)
         self.cache.write(layer, self.slots, k, v)
         b, n = self.rows, self.q_len
         hkv, d = k.shape[1:]

@@ -17,6 +17,8 @@ Capabilities are declared as attributes, never inferred from names:
   the round also carries sampled rows, which draft from q and return it), and
   ``graph_ready(request_id, committed)`` says whether a request it has just drafted for (through
   ``propose``) can go on in fused rounds from here.
+- ``tree_rounds``: (with ``graph_rounds``) its ``round_program`` takes a ``DraftTree`` (engine/rounds/tree.py):
+  greedy rounds draft a tree of candidates (``draft_tree``) instead of one chain.
 - ``batch_weight``: what a greedy request drafting with it weighs against ``--spec-max-batch`` (engine/policy.py
   ``spec_load``): more where its rounds pay for fewer rows: 3 for the n-gram lookup (1.25-1.6 tokens a round
   against the EAGLE head's 2.1-2.6), 2 for a drafter service (its rounds cross two RPCs), else 1.
@@ -98,6 +100,7 @@ class Drafter(Protocol):
     target_features: tuple[int, ...]
     feature_size: int
     graph_rounds: bool
+    tree_rounds: bool
     primes: bool
     batch_weight: int
 

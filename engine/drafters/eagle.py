@@ -54,6 +54,7 @@ class _State:
 class EagleDrafter:
     deterministic = False
     graph_rounds = True  # engine/drafters/eagle_graph.py
+    tree_rounds = True
     primes = True  # ``prime``: the head's catch-up over a prompt alone; the fused round drafts
     batch_weight = 1
 
@@ -67,10 +68,10 @@ class EagleDrafter:
         self.sampler = DraftSampler(head.eagle.target.vocab_size, config.draft_top_m)
         self._states: dict[str, _State] = {}
 
-    def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False):
+    def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False, tree=None):
         from engine.drafters.eagle_graph import EagleProgram
 
-        return EagleProgram(self, rows, k, max_blocks, sampled)
+        return EagleProgram(self, rows, k, max_blocks, sampled, tree)
 
     def capture_prefills(self) -> int:
         """The head's prompt catch-up graphs (a feature row per token: the fused features), before requests; the

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 class EagleProgram(GraphDraftProgram):
     first_position = 1
 
-    def __init__(self, drafter: "EagleDrafter", rows: int, k: int, max_blocks: int, sampled: bool = False) -> None:
-        super().__init__(drafter.runner, drafter.sampler, rows, k, max_blocks, sampled)
+    def __init__(self, drafter: "EagleDrafter", rows: int, k: int, max_blocks: int, sampled: bool = False,
+                 tree=None) -> None:
+        super().__init__(drafter.runner, drafter.sampler, rows, k, max_blocks, sampled, tree)
         self.head = drafter.head
 
     def catch_up_extra(self, aux: torch.Tensor | None) -> torch.Tensor:

@@ -33,6 +33,7 @@ from engine.sampling import coins
 
 if TYPE_CHECKING:
     from engine.rounds.graph_sampling import RoundSampling
+    from engine.rounds.tree import DraftTree
     from engine.runner import ModelRunner
 
 
@@ -41,7 +42,7 @@ class GraphDraftProgram:
     rounds: int = 1  # whole rounds a replay drafts for
 
     def __init__(self, runner: "ModelRunner", sampler: DraftSampler, rows: int, k: int, max_blocks: int,
-                 sampled: bool) -> None:
+                 sampled: bool, tree: "DraftTree | None" = None) -> None:
         self.sampler, self.device = sampler, runner.device
         self.allocator, self.k, self.rows = runner.allocator, k, rows
         if PAD_SEQ not in self.allocator:
@@ -58,6 +59,22 @@ class GraphDraftProgram:
         # [R, k, V] Exponential(1) noise for sampled rows, drawn at [2, R] (seed, draw number)
         self.noise = torch.ones(rows, k, sampler.target_vocab, device=self.device) if sampled else None
         self.draws = torch.zeros(2, rows, dtype=torch.long, device=self.device) if sampled else None
+        # a draft tree (greedy rounds, ``draft_tree``): step s forwards every node of depth 1 .. s, each attending to
+        # the committed entries and its own ancestors (a node's entry is rewritten with the same K/V each step)
+        self.tree, self.tree_steps = tree, []
+        if tree is not None:
+            if tree.depth != k:
+                raise ValueError(f"spec_tree: depth {tree.depth} must equal k ({k})")
+            dev = self.device
+            # each node's parent as an index into its parent's depth (the root's outputs: one row)
+            parent_at = [p - (tree.levels[tree.depths[p] - 1][0] if p else 0) for p in tree.parents]
+            for start, end in tree.levels[:-1]:
+                bits = torch.tensor([tree.ancestor_bits[i] >> 1 for i in range(1, end)], device=dev)
+                attn = StaticAttention(runner.cache, heads, rows, end - 1, max_blocks, scratch, tree=bits)
+                attn.share_table(self.catch)
+                self.tree_steps.append((attn, torch.tensor(tree.depths[1:end], device=dev),       # [m] depths
+                                        torch.arange(start - 1, end - 1, device=dev)))              # the kept nodes
+            self._tree_parent_at = [torch.tensor(parent_at[s:e], device=dev) for s, e in tree.levels]
 
     # ------------------------------------------------------------------ what a subclass says
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra: Any,
@@ -100,7 +117,8 @@ class GraphDraftProgram:
     def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
         """Room in the head's KV for a replay of these rows: the catch-up (to L + k + 1), the draft steps (to L + 2k);
         each further round of the replay starts up to k + 1 entries later."""
-        need = 2 * self.k + 1 - self.first_position + (self.rounds - 1) * (self.k + 1)
+        drafts = self.k - 1 if self.tree is None else self.tree.nodes  # entries past the catch-up's a round writes
+        need = self.k + 2 + drafts - self.first_position + (self.rounds - 1) * (self.k + 1)
         for rid, length, _ in rows:
             if self.allocator.length(rid) < length + need:
                 self.allocator.extend(rid, length + need)
@@ -118,6 +136,43 @@ class GraphDraftProgram:
         return pick_in_graph(logits.float(), s.greedy, s.temperature, s.top_k, s.top_p, self.noise[:, j],
                              s.filtered, self.sampler.top_m)
 
+    def _catch_up(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
+                  kv_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up -> the live entry's output [R, H] and each row's entry count through it ([R]: kv)."""
+        k = self.k
+        kv = kv_lens + 1 - self.first_position                                  # entries up to L + k + 1
+        self.catch.kv_lens.copy_(kv)
+        self.catch.prepare()
+        positions = (kv_lens[:, None] - k + self._offsets[None, :]).reshape(-1)  # L + 1 .. L + k + 1
+        tokens = committed.clamp(min=0).reshape(-1)                             # placeholders -> any id
+        live = self._rows * (k + 1) + num_accepted                              # entry L + a + 1 of each row
+        return self.forward(tokens, positions - self.first_position, self.catch, self.catch_up_extra(aux),
+                            live), kv
+
+    def draft_tree(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
+                   kv_lens: torch.Tensor) -> torch.Tensor:
+        """A greedy round's next drafts as a tree (``self.tree``, engine/rounds/tree.py) -> [R, N] node tokens: under
+        each node its ``b`` likeliest next tokens, best first (the first path is ``draft``'s greedy chain).
+        kv_lens: [R] L + k + 1, as ``draft`` takes them."""
+        tree, k = self.tree, self.k
+        g, kv = self._catch_up(committed, num_accepted, aux, kv_lens)           # [R, H]
+        levels = [torch.topk(self.logits(g), tree.branching[0], dim=-1).indices]  # depth 1's tokens [R, b1]
+        outs = [g[:, None, :]]                                                  # each depth's outputs, the root's first
+        first = kv - k + num_accepted                                           # [R] the first node's entry
+        for s, (attn, depths, kept) in enumerate(self.tree_steps, start=1):     # forward depths 1 .. s, keep depth s
+            m = attn.q_len
+            extra = torch.cat([outs[d].index_select(1, self._tree_parent_at[d]) for d in range(s)], dim=1)  # parents'
+            attn.kv_lens.copy_(first + m)
+            attn.prepare()
+            positions = first[:, None] - 1 + depths[None, :]                    # [R, m] node j: its depth's entry
+            keep = self._rows[:, None] * m + kept[None, :]                      # [R, W_s] depth s's rows
+            out = self.forward(torch.cat(levels, dim=1).reshape(-1), positions.reshape(-1), attn,
+                               extra.reshape(self.rows * m, -1), keep.reshape(-1))  # [R * W_s, H]
+            outs.append(out.view(self.rows, kept.shape[0], -1))
+            b = tree.branching[s]
+            levels.append(torch.topk(self.logits(out), b, dim=-1).indices.view(self.rows, kept.shape[0] * b))
+        return torch.cat(levels, dim=1)
+
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
               kv_lens: torch.Tensor, sampling: "RoundSampling | None" = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -125,14 +180,7 @@ class GraphDraftProgram:
         if sampling is not None and self.noise is not None:  # every row's, at the draws the host wrote
             coins.fill(self.noise.view(self.rows, -1), self.draws[0], self.draws[1], coins.Stream.DRAFT,
                        exponential=True)
-        kv = kv_lens + 1 - self.first_position                                  # entries up to L + k + 1
-        self.catch.kv_lens.copy_(kv)
-        self.catch.prepare()
-        positions = (kv_lens[:, None] - k + self._offsets[None, :]).reshape(-1)  # L + 1 .. L + k + 1
-        tokens = committed.clamp(min=0).reshape(-1)                             # placeholders -> any id
-        live = self._rows * (k + 1) + num_accepted                              # entry L + a + 1 of each row
-        g = self.forward(tokens, positions - self.first_position, self.catch, self.catch_up_extra(aux),
-                         live)                                                  # [R, H]
+        g, kv = self._catch_up(committed, num_accepted, aux, kv_lens)          # [R, H]
         d, q = self._pick(self.logits(g), 0, sampling)
         drafts, qs = [d], [q]
         # every draft step's KV lengths in one launch: step j holds entries through L + a + 1 + j

@@ -36,6 +36,7 @@ class ModelDrafter:
     target_features: tuple[int, ...] = ()
     feature_size = 0
     graph_rounds = True  # ModelProgram
+    tree_rounds = True
     primes = True  # ``prime``: its KV over the committed tokens alone; the fused round drafts
     batch_weight = 1
 
@@ -45,8 +46,8 @@ class ModelDrafter:
         self.sampler = DraftSampler(target_vocab, config.draft_top_m)
         self._states: dict[str, _State] = {}
 
-    def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False) -> "ModelProgram":
-        return ModelProgram(self, rows, k, max_blocks, sampled)
+    def round_program(self, rows: int, k: int, max_blocks: int, sampled: bool = False, tree=None) -> "ModelProgram":
+        return ModelProgram(self, rows, k, max_blocks, sampled, tree)
 
     def graph_ready(self, request_id: str, committed: int) -> bool:
         """After ``propose``: this drafter's KV holds every committed token at its position (and the draft
@@ -123,8 +124,9 @@ class ModelProgram(GraphDraftProgram):
 
     first_position = 0
 
-    def __init__(self, drafter: ModelDrafter, rows: int, k: int, max_blocks: int, sampled: bool = False) -> None:
-        super().__init__(drafter.runner, drafter.sampler, rows, k, max_blocks, sampled)
+    def __init__(self, drafter: ModelDrafter, rows: int, k: int, max_blocks: int, sampled: bool = False,
+                 tree=None) -> None:
+        super().__init__(drafter.runner, drafter.sampler, rows, k, max_blocks, sampled, tree)
         self.model = drafter.runner.model
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: StaticAttention, extra,

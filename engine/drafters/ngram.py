@@ -34,6 +34,7 @@ class NgramDrafter:
         self.max_n, self.min_n = max_n, min_n
         self.history = history
         self.graph_rounds = history is not None  # drafts inside fused rounds from the device's copy of the tokens
+        self.tree_rounds = False  # one continuation a lookup
 
     def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
         arr = np.asarray(tokens, dtype=np.int64)

@@ -31,45 +31,46 @@ from engine.models import ops
 from engine.upload import upload
 
 
-def chain(inputs: torch.Tensor,               # [R, k+2] long, updated in place
+def chain(inputs: torch.Tensor,               # [R, w+2] long, updated in place (w: k, or a draft tree's nodes)
           kv_lens: torch.Tensor,              # [R] long, updated in place
           committed: torch.Tensor,            # [R, k+1] long: this round's committed tokens
           accepted: torch.Tensor,             # [R] long
-          next_drafts: torch.Tensor | None,   # [R, k] long: the drafter's next drafts (None with k 0)
+          next_drafts: torch.Tensor | None,   # [R, w] long: the drafter's next drafts (None with k 0)
           q: torch.Tensor | None = None,      # [R, k, V] float32: their q (sampling rounds)
           q_in: torch.Tensor | None = None,   # [R, k, V] float32: where the next round reads it, updated in place
           ) -> None:
     """The next round's inputs (what a round launched ahead reads; a round launched from the host overwrites them):
     t0 becomes this round's last committed token, the drafts its next drafts (and, in sampling rounds, their q),
     and each live row's KV length grows by the tokens committed; each row's num_draft stays. Padding rows (KV
-    length exactly k + 1) stay as they are. On CUDA all but the q is one launch (``kernels.next_inputs``), else
-    the torch steps below."""
-    k = committed.shape[1] - 1
+    length exactly w + 1) stay as they are. On CUDA all but the q is one launch (``kernels.next_inputs``; a chain's,
+    w = k), else the torch steps below."""
+    k, w = committed.shape[1] - 1, inputs.shape[1] - 2
     if q is not None:                                                          # before kv moves
-        q_in.copy_(torch.where((kv_lens > k + 1)[:, None, None], q, q_in))
-    if ops.use_kernels(kv_lens):  # one launch (kernels.next_inputs, the same steps)
+        q_in.copy_(torch.where((kv_lens > w + 1)[:, None, None], q, q_in))
+    if ops.use_kernels(kv_lens) and w == k:  # one launch (kernels.next_inputs, the same steps)
         from kernels.next_inputs import next_inputs
 
         next_inputs(inputs, kv_lens, committed, accepted, next_drafts)
         return
-    live = (kv_lens > k + 1)[:, None]                                          # [R, 1]
+    live = (kv_lens > w + 1)[:, None]                                          # [R, 1]
     nxt = committed.gather(1, accepted[:, None])                               # [R, 1]
     if next_drafts is not None:
-        nxt = torch.cat([nxt, next_drafts], dim=1)                             # [R, k + 1]
-    inputs[:, : k + 1].copy_(torch.where(live, nxt, inputs[:, : k + 1]))
+        nxt = torch.cat([nxt, next_drafts], dim=1)                             # [R, w + 1]
+    inputs[:, : w + 1].copy_(torch.where(live, nxt, inputs[:, : w + 1]))
     kv_lens.add_(torch.where(live[:, 0], accepted + 1, 0))
 
 
-def count_down(inputs: torch.Tensor,    # [R, k+2] long: t0, k drafts, how many of them to verify (chained)
-               kv_lens: torch.Tensor,   # [R] long: chained (live rows > k + 1)
+def count_down(inputs: torch.Tensor,    # [R, w+2] long: t0, w drafts, how many of them to verify (chained)
+               kv_lens: torch.Tensor,   # [R] long: chained (live rows > w + 1)
                room: torch.Tensor,      # [R, 2] long: tokens each row may still commit before this round; its k
                accepted: torch.Tensor,  # [R] long: drafts this round accepted
-               k: int) -> None:
-    live = kv_lens > k + 1
+               ) -> None:
+    w = inputs.shape[1] - 2  # k, or a draft tree's nodes (a row verifies up to k of its depths)
+    live = kv_lens > w + 1
     left = torch.where(live, room[:, 0] - accepted - 1, room[:, 0])
     room[:, 0].copy_(left)
-    nd = inputs[:, k + 1]
-    inputs[:, k + 1].copy_(torch.where(live, torch.minimum(room[:, 1], (left - 1).clamp(min=0)), nd))
+    nd = inputs[:, w + 1]
+    inputs[:, w + 1].copy_(torch.where(live, torch.minimum(room[:, 1], (left - 1).clamp(min=0)), nd))
 
 
 def next_num_draft(want: int, room: int, accepted: int) -> int:
@@ -95,9 +96,9 @@ def compact(src: Sequence[torch.Tensor | None],  # the source graph's row buffer
         d[:n] = live
 
 
-def enter(inputs: torch.Tensor,            # [R, k+2] long: the destination graph's, rows [at, at + n) written
+def enter(inputs: torch.Tensor,            # [R, w+2] long: the destination graph's, rows [at, at + n) written
           kv_lens: torch.Tensor,           # [R] long, rows [at, at + n) written
-          rows: Sequence[Sequence[int]],   # [n][k+2] each joining row's t0, drafts and how many to verify
+          rows: Sequence[Sequence[int]],   # [n][w+2] each joining row's t0, drafts and how many to verify
           lengths: Sequence[int],          # [n] each joining row's L (its committed tokens but t0)
           at: int,
           room: torch.Tensor | None = None,  # [R, 2] long (graphs that count down, k > 0), rows [at, at + n) written

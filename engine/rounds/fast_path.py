@@ -28,6 +28,7 @@ from engine.policy import SpecGuard, SpecPolicy, spec_load
 from engine.rounds.base import RoundPlan, RoutedRow, RowResult
 from engine.rounds.fused import FusedRounds, FusedRow
 from engine.rounds.graph_sampling import Mode
+from engine.rounds.tree import DraftTree
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -54,10 +55,12 @@ class FastPath:
             return
 
         def graph(k: int, d: "Drafter | None") -> FusedRounds:
+            tree = DraftTree(config.spec_tree) if k and config.spec_tree is not None else None
             return FusedRounds(target, d, k, config.max_batch_size, max_context,
                                capture=target.device.type == "cuda", pipeline_rows=config.pipeline_rows,
                                steps=config.spec_round_count if k else config.plain_round_steps,
-                               steps_from=config.spec_rounds_min_batch if k else config.plain_steps_min_batch)
+                               steps_from=config.spec_rounds_min_batch if k else config.plain_steps_min_batch,
+                               tree=tree)
 
         outside = drafter is not None and config.k and not drafter.graph_rounds
         if not outside:

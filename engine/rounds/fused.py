@@ -50,6 +50,7 @@ from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
     from engine.drafters.base import Drafter
+    from engine.rounds.tree import DraftTree
     from engine.runner import ModelRunner
 
 
@@ -73,14 +74,19 @@ class FusedRow:
 
 class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
-                 max_context: int, capture: bool, pipeline_rows: int = 0, steps: int = 1, steps_from: int = 1
-                 ) -> None:
+                 max_context: int, capture: bool, pipeline_rows: int = 0, steps: int = 1, steps_from: int = 1,
+                 tree: "DraftTree | None" = None) -> None:
+        """tree: greedy rounds verify and draft a tree of drafts of depth k (engine/rounds/tree.py)."""
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         if steps < 1:
             raise ValueError(f"fused rounds: steps must be >= 1, got {steps}")
-        self.target, self.drafter, self.k = target, drafter, k
-        self.span = steps * (k + 1)  # tokens a replay writes to a row's KV at most, in any graph
+        if tree is not None and not (k and drafter.tree_rounds and tree.depth == k):
+            raise ValueError(f"spec_tree: a tree of depth {tree.depth} needs k = {tree.depth} (got {k}) and a drafter "
+                             f"that drafts trees (the EAGLE head, a draft model; not {getattr(drafter, 'name', None)})")
+        self.target, self.drafter, self.k, self.tree = target, drafter, k, tree
+        self.width = k if tree is None else tree.nodes  # drafts a row carries between rounds
+        self.span = steps * (self.width + 1)  # tokens a replay writes to a row's KV at most, in any graph
         self.capture = capture
         self.aux_layers = tuple(drafter.target_features) if drafter is not None and k else ()
         # a deterministic drafter's drafts are one-hot (no q crosses) and may be fewer than k: a row verifies its
@@ -90,15 +96,15 @@ class FusedRounds:
         alloc = target.allocator
         if PAD_SEQ not in alloc:
             alloc.extend(PAD_SEQ, 1)
-        self.body = RoundBody(target.model, k, self.one_hot, self.aux_layers, target.device)
+        self.body = RoundBody(target.model, k, self.one_hot, self.aux_layers, target.device, tree)
         self.store = GraphStore(target, drafter, self.body, max_batch, max_context, capture, pipeline_rows, steps,
                                 steps_from, alloc.block_table(PAD_SEQ)[0])  # its graphs, by bucket and mode
-        self._pad_inputs = torch.tensor([0] * (k + 1) + [k], dtype=torch.long, device=target.device)  # padding row
+        self._pad_inputs = torch.tensor([0] * (self.width + 1) + [k], dtype=torch.long, device=target.device)  # padding
         self.ahead = LaunchedAhead(alloc)  # the next round, launched before the last one was read
         # captured rounds: their outputs land in pinned host memory, two slots (the round being read and the one
         # launched ahead), allocated once here: a pinned allocation later would stall the GPU mid-serving
         pipelined = capture and pipeline_rows > 0
-        width = steps * (2 * k + 2) if k else steps + 1  # ``RoundGraph.out``'s widest row
+        width = steps * (k + 2 + self.width) if k else steps + 1  # ``RoundGraph.out``'s widest row
         self._host_out = [torch.empty(pipeline_rows * width, dtype=torch.long, pin_memory=True)
                           for _ in range(2)] if pipelined else []
         self._done = [torch.cuda.Event() for _ in range(2)] if pipelined else []
@@ -196,7 +202,8 @@ class FusedRounds:
         if not self.k:  # plain: its steps' tokens, then their number - 1
             a = row[g.span]
             return RowResult(row[: a + 1], 0, 0), 0
-        res, nd, past_end = read_rounds(row, g.steps, self.k, self.one_hot, r.num_draft, r.room, r.wanted, r.drafts, q)
+        res, nd, past_end = read_rounds(row, g.steps, self.k, self.one_hot, r.num_draft, r.room, r.wanted, r.drafts, q,
+                                        self.width)
         self.past_end += past_end
         return res, nd
 
@@ -231,27 +238,34 @@ class FusedRounds:
 
     def _launch(self, rows: Sequence[FusedRow], lengths: Sequence[int]) -> Launch:
         """A round from the host's state: every input copied in, then the replay."""
-        k, n = self.k, len(rows)
+        k, w, n = self.k, self.width, len(rows)
         g = self._graph(rows, lengths)
         rows_b = g.inputs.shape[0]
         alloc = self.target.allocator
         for r, length in zip(rows, lengths):
             alloc.extend(r.request_id, length + g.span)
-        g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], [length + k + 1 for length in lengths])
+        g.attn.set_rows([alloc.block_table(r.request_id) for r in rows], [length + w + 1 for length in lengths])
         if g.sampling is not None:
             g.sampling.load(rows)
         if g.program is not None:
             g.program.load([(r.request_id, length, r.params) for r, length in zip(rows, lengths)])
-        inputs = torch.zeros(rows_b, k + 2, dtype=torch.long)
-        inputs[:, k + 1] = k
-        pad = [PLACEHOLDER_TOKEN_ID] * k  # a row with fewer than k drafts (one-hot drafts) verifies those it has
-        inputs[:n] = torch.tensor([[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft] for r in rows],
-                                  dtype=torch.long).view(n, k + 2)
+        inputs = torch.zeros(rows_b, w + 2, dtype=torch.long)
+        inputs[:, w + 1] = k
+        inputs[:n] = torch.tensor([self._inputs_row(r) for r in rows], dtype=torch.long).view(n, w + 2)
         g.inputs.copy_(inputs, non_blocking=True)
         if g.room is not None:
             rooms = [(r.room, r.wanted) for r in rows] + [(0, 0)] * (rows_b - n)
             g.room.copy_(torch.tensor(rooms, dtype=torch.long), non_blocking=True)
         return self._replay(g, rows, list(lengths), tuple(r.num_draft for r in rows))
+
+    def _inputs_row(self, r: FusedRow) -> list[int]:
+        """A row's inputs from the host: t0, its drafts (a row with fewer than k drafts, one-hot ones, verifies those
+        it has; a tree's row from drafts made outside the graph, a chain, carries them on the tree's first path) and
+        how many depths it verifies."""
+        drafts = list(r.drafts)
+        if self.tree is not None and len(drafts) != self.width:
+            drafts = self.tree.place_chain(drafts)
+        return [r.token_ids[-1], *drafts, *[PLACEHOLDER_TOKEN_ID] * (self.width - len(drafts)), r.num_draft]
 
     def _chains(self, g: RoundGraph, rows: Sequence[FusedRow], lengths: Sequence[int]) -> bool:
         """Whether the next round of these rows can be launched now, before this one is read: every row's room
@@ -271,7 +285,7 @@ class FusedRounds:
         graph's inputs. Rows that finished since that round was launched (``index`` skips them) leave: the
         live rows' buffers move up, into the smallest bucket that holds them where it chains too. Rows
         ``joining`` (with their L, into that graph) follow them, their inputs from the host (``enter``)."""
-        k, alloc, src = self.k, self.target.allocator, g
+        alloc, src = self.target.allocator, g
         entering, entering_lengths, dst = joining or ([], [], None)
         if index is not None or (dst is not None and dst is not g):
             g = self._compact(g, list(range(len(rows))) if index is None else index, dst)
@@ -279,9 +293,7 @@ class FusedRounds:
         for r, length in zip(rows, lengths):  # the round in flight's tokens, then this one's
             alloc.extend(r.request_id, length + src.span + g.span)
         if entering:
-            pad = [PLACEHOLDER_TOKEN_ID] * k
-            enter(g.inputs, g.attn.kv_lens, [[r.token_ids[-1], *r.drafts, *pad[len(r.drafts):], r.num_draft]
-                                             for r in entering], entering_lengths, len(rows),
+            enter(g.inputs, g.attn.kv_lens, [self._inputs_row(r) for r in entering], entering_lengths, len(rows),
                   g.room, [(r.room, r.wanted) for r in entering])
             for r, length in zip(entering, entering_lengths):  # its blocks for the round, its length as it is
                 alloc.extend(r.request_id, length + g.span)
@@ -327,9 +339,9 @@ class FusedRounds:
             dst = self.store.get((self.store.bucket(len(index)), ctx, mode), build=False)
             if dst is None or not dst.chains:
                 dst = src
-        k, s_in, d_in = self.k, src.sampling, dst.sampling
+        s_in, d_in = src.sampling, dst.sampling
         q = (s_in.q_in, d_in.q_in) if s_in is not None and s_in.q_in is not None else (None, None)
         compact((src.inputs, src.attn.kv_lens, src.room, q[0]), (dst.inputs, dst.attn.kv_lens, dst.room, q[1]),
-                (self._pad_inputs, k + 1, 0, None), index, self.target.device)
+                (self._pad_inputs, self.width + 1, 0, None), index, self.target.device)
         return dst
 

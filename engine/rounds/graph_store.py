@@ -70,19 +70,23 @@ class GraphStore:
         return built
 
     def build(self, rows: int, ctx: int, mode: Mode) -> RoundGraph:
-        t, k = self.target, self.k
+        t, k, w, tree = self.target, self.k, self.body.width, self.body.tree
         blocks = -(-ctx // t.cache.block_size)
-        attn = StaticAttention(t.cache, t.model.config.num_heads, rows, k + 1, blocks, self.scratch_block)
+        attn = StaticAttention(t.cache, t.model.config.num_heads, rows, w + 1, blocks, self.scratch_block,
+                               tree=None if tree is None else tree.ancestors)
         sampling = None
         steps = self.steps_for(rows, mode)
         if mode != Mode.GREEDY:
             sampling = RoundSampling.allocate(rows, k, t.vocab_size, mode == Mode.FILTERED,
                                               t.device, with_q=not self.body.one_hot, steps=steps)
-        program = self.drafter.round_program(rows, k, blocks, sampling is not None) if k else None
+        program = None
+        if k:
+            tree_arg = {} if tree is None else {"tree": tree.tree}
+            program = self.drafter.round_program(rows, k, blocks, sampling is not None, **tree_arg)
         if program is not None:
             program.rounds = steps  # rounds a replay drafts for (its KV grows for them all)
-        inputs = torch.zeros(rows, k + 2, dtype=torch.long, device=t.device)
-        inputs[:, k + 1] = k
+        inputs = torch.zeros(rows, w + 2, dtype=torch.long, device=t.device)
+        inputs[:, w + 1] = k
         chains = rows <= self.pipeline_rows
         room = torch.zeros(rows, 2, dtype=torch.long, device=t.device) if (chains or steps > 1) and k else None
         g = RoundGraph(attn, program, inputs, sampling, chains, (rows, ctx, mode), steps, room)

@@ -20,10 +20,13 @@ from engine.models import ops
 from engine.rounds.base import RowResult
 from engine.rounds.chained import chain, count_down, next_num_draft
 from engine.rounds.graph_sampling import Mode, RoundSampling
+from engine.rounds.tree import TreeTensors, move_path_kv, tree_greedy_verify
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
+from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram
+    from engine.rounds.tree import DraftTree
 
 
 @dataclass
@@ -51,17 +54,22 @@ class RoundGraph:
 
 
 class RoundBody:
-    """What a fused round's graph runs, on its buffers; the same for every graph of one ``FusedRounds``."""
+    """What a fused round's graph runs, on its buffers; the same for every graph of one ``FusedRounds``. With a draft
+    tree (engine/rounds/tree.py) a row carries the tree's N nodes instead of k drafts: greedy rounds verify and draft
+    the whole tree, sampling rounds a chain on its first path (rejection sampling as ever; the other nodes are
+    placeholders); either way the accepted nodes' K/V and features move to the committed positions first."""
 
     def __init__(self, model: torch.nn.Module, k: int, one_hot: bool, aux_layers: tuple[int, ...],
-                 device: torch.device) -> None:
+                 device: torch.device, tree: "DraftTree | None" = None) -> None:
         self.model, self.k, self.one_hot, self.aux_layers = model, k, one_hot, aux_layers
+        self.tree = None if tree is None else TreeTensors(tree, device)
+        self.width = k if tree is None else tree.nodes  # drafts a row carries
         self._offsets = torch.arange(k + 1, device=device)
 
     def compute(self, g: RoundGraph) -> None:
         if self.k and g.steps > 1:
             return self._rounds(g)
-        k, s = self.k, g.sampling
+        s = g.sampling
         if s is not None:
             s.draw()
         picked = []  # a plain graph's tokens of the steps before the last
@@ -73,7 +81,7 @@ class RoundBody:
         parts = [torch.cat(picked + [committed], dim=1), accepted[:, None] + (g.steps - 1)]
         q = None
         if g.program is not None:
-            next_drafts, q = g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
+            next_drafts, q = self.draft(g, committed, accepted, aux, s)
             parts.append(next_drafts)
         out = torch.cat(parts, dim=1)
         if g.out is None:
@@ -86,27 +94,44 @@ class RoundBody:
             chain(g.inputs, g.attn.kv_lens, committed, accepted, parts[2] if g.program is not None else None,
                   q, g.sampling.q_in if q is not None else None)
             if g.room is not None:
-                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, k)
+                count_down(g.inputs, g.attn.kv_lens, g.room, accepted)
 
     def _rounds(self, g: RoundGraph) -> None:
         """A greedy speculative graph's ``steps`` rounds, each chained (and counted down) into the next."""
         parts = []
         for rnd in range(g.steps):
             committed, accepted, aux = self.verify(g, 0)
-            drafts, _ = g.program.draft(committed, accepted, aux, g.attn.kv_lens, None)
+            drafts, _ = self.draft(g, committed, accepted, aux, None)
             parts += [committed, accepted[:, None], drafts]
             if rnd + 1 < g.steps or g.chains:
                 chain(g.inputs, g.attn.kv_lens, committed, accepted, drafts)
-                count_down(g.inputs, g.attn.kv_lens, g.room, accepted, self.k)
+                count_down(g.inputs, g.attn.kv_lens, g.room, accepted)
         out = torch.cat(parts, dim=1)
         if g.out is None:
             g.out = out
         else:
             g.out.copy_(out)
 
+    def draft(self, g: RoundGraph, committed: torch.Tensor, accepted: torch.Tensor, aux: torch.Tensor | None,
+              s: RoundSampling | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's next drafts [R, w] (and, sampled, their q [R, k, V]): a tree in a greedy round of a tree,
+        else a chain (with a tree: on its first path, placeholders elsewhere)."""
+        t, k = self.tree, self.k
+        if t is None:
+            return g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
+        lens = g.attn.kv_lens - (self.width - k)  # L + k + 1, as the drafter's part takes them
+        if s is None:
+            return g.program.draft_tree(committed, accepted, aux, lens), None
+        chain, q = g.program.draft(committed, accepted, aux, lens, s)
+        nodes = torch.full((chain.shape[0], self.width), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=chain.device)
+        nodes[:, t.first_path[1:] - 1] = chain
+        return nodes, q
+
     def verify(self, g: RoundGraph, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """The target's forward over every row's t0 and drafts, and acceptance: committed [R, k+1], accepted [R]
         and the aux features; ``step``: a plain graph's step (its coins)."""
+        if self.tree is not None:
+            return self._verify_tree(g)
         k, model, s = self.k, self.model, g.sampling
         rows = g.inputs.shape[0]
         tokens, drafts, num_draft = g.inputs[:, : k + 1], g.inputs[:, 1: k + 1], g.inputs[:, k + 1]
@@ -130,24 +155,60 @@ class RoundBody:
             accepted = torch.where(s.greedy, accepted, s_acc)
         return committed, accepted, aux
 
+    def _verify_tree(self, g: RoundGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``verify`` of t0 and a draft tree's nodes (node i at position L + its depth, its KV at L + i); then the
+        accepted path's K/V moved to L + 1 .. L + a and its features picked, so what follows (the drafter's
+        catch-up, the next round) sees exactly what a chain's round leaves."""
+        k, n, t, s, model = self.k, self.width, self.tree, g.sampling, self.model
+        rows = g.inputs.shape[0]
+        nodes, num_draft = g.inputs[:, 1: n + 1], g.inputs[:, n + 1]
+        kv = g.attn.kv_lens                                                   # [R] L + N + 1
+        positions = (kv[:, None] - (n + 1) + t.depths[None, :]).reshape(-1)
+        g.attn.prepare()
+        hidden, aux = model.forward_aux(g.inputs[:, : n + 1].clamp(min=0).reshape(-1), positions, g.attn,
+                                        self.aux_layers)
+        logits = model.lm_logits(hidden).view(rows, n + 1, -1)                 # [R, N+1, V] model dtype
+        argmax = ops.argmax(logits.view(rows * (n + 1), -1)).view(rows, n + 1)
+        if s is None:
+            committed, accepted, path = tree_greedy_verify(nodes, num_draft, argmax, t)
+        else:  # a chain on the first path, as ``verify`` takes one
+            path = t.first_path.expand(rows, k + 1)
+            drafts = nodes.index_select(1, t.first_path[1:] - 1)               # [R, k]
+            committed, accepted = greedy_verify(drafts, num_draft, argmax.index_select(1, t.first_path))
+            s.unpack()
+            per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
+            chain_logits = logits.index_select(1, t.first_path).reshape(rows * (k + 1), -1)
+            probs = probs_from_logits(chain_logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
+            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[0])
+            committed = torch.where(s.greedy[:, None], committed, s_out)
+            accepted = torch.where(s.greedy, accepted, s_acc)
+        cache = g.attn.cache
+        move_path_kv(cache.k, cache.v, g.attn.block_table, kv, path, n)
+        if aux is not None:                                                   # the path's features, [R*(k+1), F]
+            aux = aux.view(rows, n + 1, -1).gather(1, path[:, :, None].expand(-1, -1, aux.shape[-1]))
+            aux = aux.reshape(rows * (k + 1), -1)
+        return committed, accepted, aux
 
-def read_rounds(row: Sequence[int],        # [steps * (2k + 2)]: a speculative graph's ``out`` row
+
+def read_rounds(row: Sequence[int],        # [steps * (k + 2 + w)]: a speculative graph's ``out`` row
                 steps: int, k: int, one_hot: bool,
                 num_draft: int,            # the drafts the row verified in the replay's first round
                 room: int,                 # tokens it may still commit (0: unknown)
                 want: int,                 # drafts it verifies a round from the next on, room allowing
                 drafts: Sequence[int],     # [k] the drafts it verified in the first round
-                q: torch.Tensor | None     # [k, V] its next drafts' q (sampled rows)
+                q: torch.Tensor | None,    # [k, V] its next drafts' q (sampled rows)
+                width: int | None = None   # w: drafts a round leaves a row (a draft tree's nodes; None: k)
                 ) -> tuple[RowResult, int, int]:
     """A row's rounds of one replay -> its result, the drafts it verifies next round (``count_down``'s rule) and how
     many of the replay's rounds ran past its max_tokens (their output is not read)."""
     committed, rounds, nd = [], [], num_draft
     accepted = drafted = past_end = 0
-    for j in range(steps):  # each round's committed tokens (k + 1), accepted count, next drafts (k)
+    span = k + 2 + (k if width is None else width)
+    for j in range(steps):  # each round's committed tokens (k + 1), accepted count, next drafts (w)
         if j and room <= 0:  # it reached max_tokens: the replay's later rounds are past its end
             past_end = steps - j
             break
-        block = row[j * (2 * k + 2): (j + 1) * (2 * k + 2)]
+        block = row[j * span: (j + 1) * span]
         a = block[k + 1]
         d = min(nd, _real(drafts)) if one_hot else nd
         committed += block[: a + 1]

@@ -118,3 +118,51 @@ def test_bad_arguments_are_named():
         static_attention(q, k, v, cos, sin, kc.half(), vc, table, lens, 1)
     with pytest.raises(ValueError, match="head dimension"):
         static_attention(q[..., :48], k[..., :48], v[..., :48], cos, sin, kc, vc, table, lens, 1)
+
+
+def _tree_case(tree, kv_lens, dtype, seed=1):
+    """A verify of t0 and a draft tree's nodes a row: rotary positions by depth, KV slots by node."""
+    from engine.rounds.tree import DraftTree
+
+    t = DraftTree(tree)
+    q_len = t.nodes + 1
+    q, k, v, _, _, kc, vc, table, lens = _case(len(kv_lens), q_len, kv_lens, dtype, seed=seed)
+    rope = RotaryEmbedding(q.shape[-1], 4096, 10000.0, RopeScaling())
+    pos = (lens[:, None] - q_len + torch.tensor(t.depths)[None, :]).reshape(-1)
+    cos, sin = rope.lookup(pos)
+    return t, q_len, (q, k, v, cos, sin, kc, vc, table, lens)
+
+
+@pytest.mark.parametrize("tree,kv_lens,splits", [((2, 2, 1), [11, 40, 133], 1), ((3, 2, 1, 1), [22, 90], 3),
+                                                 ((1, 1, 1, 1), [5, 64], 2)])
+def test_a_draft_trees_verify_matches_the_reference(tree, kv_lens, splits):
+    t, q_len, (q, k, v, cos, sin, kc, vc, table, lens) = _tree_case(tree, kv_lens, torch.float32)
+    bits = t.ancestor_mask("cpu")
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = static_attention(q, k, v, cos, sin, kc, vc, table, lens, q_len, splits, bits)
+    want = static_attention_reference(q, k, v, cos, sin, kc2, vc2, table, lens, q_len, bits)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    torch.testing.assert_close(kc, kc2, **TOL[torch.float32])
+
+
+def test_a_tree_node_attends_as_its_own_chain_would():
+    """Node i of a tree, attending to the cached keys, the root and its ancestors, is the causal attention of the chain
+    root .. i alone (the same tokens at the same positions, written to consecutive slots): the tree's mask hides
+    every other branch. A chain-shaped tree is the causal mask itself."""
+    t, q_len, (q, k, v, cos, sin, kc, vc, table, lens) = _tree_case((2, 2, 1), [30], torch.float32)
+    got = static_attention_reference(q, k, v, cos, sin, kc.clone(), vc.clone(), table, lens, q_len,
+                                     t.ancestor_mask("cpu"))
+    for node in range(1, q_len):
+        chain = [i for i in range(q_len) if t.ancestor_bits[node] >> i & 1]  # root .. node, by depth
+        n = len(chain)
+        base = int(lens[0]) - q_len
+        want = static_attention_reference(q[chain], k[chain], v[chain], cos[chain], sin[chain], kc.clone(),
+                                          vc.clone(), table, torch.tensor([base + n]), n)
+        torch.testing.assert_close(got[node], want[-1], atol=1e-5, rtol=1e-5)
+    causal = static_attention_reference(q[:5], k[:5], v[:5], cos[:5], sin[:5], kc.clone(), vc.clone(), table,
+                                        torch.tensor([20]), 5)
+    from engine.rounds.tree import DraftTree
+
+    chain = static_attention_reference(q[:5], k[:5], v[:5], cos[:5], sin[:5], kc.clone(), vc.clone(), table,
+                                       torch.tensor([20]), 5, DraftTree((1, 1, 1, 1)).ancestor_mask("cpu"))
+    torch.testing.assert_close(chain, causal, atol=0, rtol=0)

@@ -1,0 +1,160 @@
+"""A tree of drafts: its shape, and the pure functions a fused round verifies it with (engine/rounds/round_graph.py).
+
+A *draft tree* of branching ``(b_1, .., b_D)`` holds, under t0 (the root, position 0), ``b_1`` candidates for the
+first draft, ``b_2`` under each of those for the second, and so on: N = b_1 + b_1 b_2 + .. nodes, depth D. Nodes are
+numbered 1 .. N by depth, a node's children next to each other, siblings in the drafter's order (its best first);
+so the *first path* (each node's first child, from the root) is the chain a drafter drafting one token a step makes.
+
+A round verifies t0 and every node in one forward: node i sits at position L + depth(i), its KV at index L + i, and
+attends to the committed tokens, the root and its own ancestors (``ancestor_bits``). Greedy acceptance walks down
+from the root, at each depth to the child that equals the target's argmax at its parent (siblings are distinct
+tokens: at most one does), for at most ``num_draft`` depths; the round commits the accepted nodes' tokens and the
+target's token at the last of them (recovered, or bonus at depth D), as a chain's round does. Its *path* (the
+positions of the root and the accepted nodes) says which KV entries and features the committed tokens own:
+``move_path_kv`` moves the accepted nodes' K/V to the committed positions L + 1 .. L + a.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from engine.config import check_tree
+from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    branching: tuple[int, ...]  # children under each node, by depth (1, 1, 1, 1: a chain of 4)
+
+    def __post_init__(self) -> None:
+        check_tree(self.branching, len(self.branching))
+
+    @property
+    def depth(self) -> int:
+        return len(self.branching)
+
+    @cached_property
+    def levels(self) -> tuple[tuple[int, int], ...]:
+        """Each depth's nodes as a range of positions [start, end) (the root is position 0)."""
+        out, start, width = [], 1, 1
+        for b in self.branching:
+            width *= b
+            out.append((start, start + width))
+            start += width
+        return tuple(out)
+
+    @property
+    def nodes(self) -> int:
+        return self.levels[-1][1] - 1
+
+    @cached_property
+    def parents(self) -> tuple[int, ...]:
+        """[N + 1] each position's parent position (the root's: 0)."""
+        out = [0]
+        for d, (start, end) in enumerate(self.levels):
+            above = self.levels[d - 1][0] if d else 0
+            out += [above + (i - start) // self.branching[d] for i in range(start, end)]
+        return tuple(out)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """[N + 1] each position's depth (the root's: 0)."""
+        return (0,) + tuple(d + 1 for d, (s, e) in enumerate(self.levels) for _ in range(s, e))
+
+    @cached_property
+    def first_path(self) -> tuple[int, ...]:
+        """[D] the first path's node positions, depth 1 .. D."""
+        out, p = [], 0
+        for start, _ in self.levels:
+            first_child = start + (p - (self.levels[len(out) - 1][0] if out else 0)) * self.branching[len(out)]
+            out.append(first_child)
+            p = first_child
+        return tuple(out)
+
+    @cached_property
+    def ancestor_bits(self) -> tuple[int, ...]:
+        """[N + 1] the positions each position attends to among the round's own (itself, its ancestors, the root),
+        as bits."""
+        out = [1]
+        for i in range(1, self.nodes + 1):
+            out.append(out[self.parents[i]] | (1 << i))
+        return tuple(out)
+
+    def ancestor_mask(self, device: torch.device | str) -> torch.Tensor:
+        """[N + 1] int64 ``ancestor_bits`` (what StaticAttention's ``tree`` takes)."""
+        return torch.tensor(self.ancestor_bits, dtype=torch.long, device=device)
+
+    def place_chain(self, drafts: list[int]) -> list[int]:
+        """A chain's drafts (at most D) as the tree's N tokens: on the first path, placeholders elsewhere."""
+        out = [PLACEHOLDER_TOKEN_ID] * self.nodes
+        for pos, d in zip(self.first_path, drafts):
+            out[pos - 1] = d
+        return out
+
+
+class TreeTensors:
+    """A tree's shape as device tensors, for the round's graph."""
+
+    def __init__(self, tree: DraftTree, device: torch.device | str) -> None:
+        self.tree = tree
+        self.parents = torch.tensor(tree.parents, dtype=torch.long, device=device)       # [N + 1]
+        self.depths = torch.tensor(tree.depths, dtype=torch.long, device=device)         # [N + 1]
+        self.ancestors = tree.ancestor_mask(device)                                      # [N + 1]
+        self.first_path = torch.tensor((0,) + tree.first_path, dtype=torch.long, device=device)  # [D + 1]
+
+
+def tree_greedy_verify(
+    nodes: torch.Tensor,          # [R, N] int64: each row's node tokens (placeholders never accepted)
+    num_draft: torch.Tensor,      # [R] int64: the depths a row may accept, <= D
+    target_argmax: torch.Tensor,  # [R, N + 1] int64: the target's token after the root (0) and each node
+    t: TreeTensors,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # committed [R, D + 1], num_accepted [R], path [R, D + 1]
+    """Greedy acceptance down the tree: committed (accepted nodes' tokens, then the target's token at the last:
+    recovered or bonus; placeholders after), how many nodes it accepted, and the path: the positions of the root
+    and the accepted nodes (past them, the first path's, whose entries nothing reads)."""
+    tree = t.tree
+    r = nodes.shape[0]
+    cur = torch.zeros(r, dtype=torch.long, device=nodes.device)        # the position accepted so far, per row
+    alive = torch.ones(r, dtype=torch.bool, device=nodes.device)
+    path, tokens = [cur], []
+    for d, (start, end) in enumerate(tree.levels):
+        want = target_argmax.gather(1, cur[:, None])                    # [R, 1] the target's token after cur
+        cand = nodes[:, start - 1:end - 1]                              # [R, W] this depth's nodes
+        ok = (cand == want) & (t.parents[start:end][None, :] == cur[:, None]) & (alive & (d < num_draft))[:, None]
+        hit = ok.any(dim=1)
+        nxt = start + ok.long().argmax(dim=1)                           # the matching node's position
+        alive = alive & hit
+        cur = torch.where(alive, nxt, cur)
+        path.append(torch.where(alive, nxt, t.first_path[d + 1].expand(r)))
+        tokens.append(torch.where(alive, want[:, 0], PLACEHOLDER_TOKEN_ID))
+    accepted = torch.stack(tokens, dim=1).ge(0).long().sum(dim=1)      # [R] nodes accepted (a prefix)
+    final = target_argmax.gather(1, cur[:, None])                       # [R, 1] recovered or bonus
+    committed = torch.cat([torch.stack(tokens, dim=1), torch.full_like(final, PLACEHOLDER_TOKEN_ID)], dim=1)
+    committed.scatter_(1, accepted[:, None], final)
+    return committed, accepted, torch.stack(path, dim=1)
+
+
+def move_path_kv(
+    k_cache: torch.Tensor,      # [layers, blocks, block_size, Hkv, D] written in place
+    v_cache: torch.Tensor,      # the same
+    block_table: torch.Tensor,  # [R, M] int64
+    kv_lens: torch.Tensor,      # [R] int64: L + N + 1 (a padding row: exactly N + 1)
+    path: torch.Tensor,         # [R, D + 1] int64: the root's and the accepted nodes' positions (then any)
+    nodes: int,
+) -> None:
+    """Each row's accepted nodes' K/V (every layer), from index L + path[i] to the committed index L + i, i = 1 .. D
+    (past the accepted ones the entries move too: nothing reads them; padding rows move nothing)."""
+    bs = k_cache.shape[2]
+    base = kv_lens - nodes - 1                                              # [R] L
+    live = (kv_lens > nodes + 1)[:, None]
+    depth = torch.arange(1, path.shape[1], device=path.device)[None, :]      # [1, D]
+    src_pos = base[:, None] + torch.where(live, path[:, 1:], depth)         # [R, D]
+    dst_pos = base[:, None] + depth
+    src = (block_table.gather(1, src_pos // bs) * bs + src_pos % bs).reshape(-1)
+    dst = (block_table.gather(1, dst_pos // bs) * bs + dst_pos % bs).reshape(-1)
+    for cache in (k_cache, v_cache):
+        flat = cache.view(cache.shape[0], -1, *cache.shape[3:])            # [layers, slots, Hkv, D]
+        flat.index_copy_(1, dst, flat.index_select(1, src))

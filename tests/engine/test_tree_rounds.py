@@ -1,0 +1,83 @@
+"""Fused rounds that verify a tree of drafts (``spec_tree``, engine/rounds/tree.py), run eagerly on the CPU.
+
+Greedy rounds verify and draft the whole tree; they must decode exactly the target's plain greedy output, with rounds
+launched ahead, several rounds a replay and requests joining between rounds, and commit more tokens a round than a
+chain of the same depth (the tree's first path is the chain). Sampled rows in such a graph verify the first path:
+they decode what the chain's graph decodes, coin for coin.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import SamplingParams
+from tests.conftest import make_decoder
+
+TEXTS = ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.",
+         "Write a Python function that returns the n-th Fibonacci number.")
+PARAMS = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((20, 33, 27, 40))]
+TREE = (2, 2, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm):
+    return [smollm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def plain(smollm, prompts):
+    return make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, PARAMS)
+
+
+def _fused(smollm, draft="auto", **kw):
+    return make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, **kw)
+
+
+@pytest.mark.parametrize("draft,kw", [("auto", {}), ("auto", dict(pipeline_max_batch=8)),
+                                      ("auto", dict(pipeline_max_batch=8, spec_rounds=2, spec_rounds_min_batch=1)),
+                                      ("layerskip:6", {})])
+def test_tree_rounds_decode_the_targets_greedy_output(smollm, prompts, plain, draft, kw):
+    dec = _fused(smollm, draft, spec_tree=TREE, **kw)
+    assert dec.fused.tree is not None and dec.fused.width == 14
+    got = dec.generate(prompts, PARAMS)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    assert dec.fused.rounds > 0 and sum(o.accepted for o in got) > 0
+    if kw.get("pipeline_max_batch"):
+        assert dec.fused.rounds_ahead > 0
+
+
+def test_a_tree_commits_more_tokens_a_round_than_its_first_path(smollm, prompts, plain):
+    chain = _fused(smollm).generate(prompts, PARAMS)
+    tree = _fused(smollm, spec_tree=TREE).generate(prompts, PARAMS)
+    assert [o.new_token_ids for o in tree] == [o.new_token_ids for o in chain] == [o.new_token_ids for o in plain]
+    per_round = [sum(o.accepted + o.rounds for o in out) / sum(o.rounds for o in out) for out in (chain, tree)]
+    assert per_round[1] > per_round[0], per_round
+
+
+def test_requests_join_tree_rounds_beside_sampled_ones(smollm, prompts):
+    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=7)
+
+    def run(**kw):
+        dec = _fused(smollm, pipeline_max_batch=8, **kw)
+        first = dec.add_request(prompts[0], greedy)
+        tokens = {first: []}
+        for step in range(60):
+            if step == 3:  # a greedy and a sampled request arrive while the first is on the fast path
+                tokens[dec.add_request(prompts[1], greedy)] = []
+                tokens[dec.add_request(prompts[0], sampled)] = []
+            for o in dec.step():
+                tokens[o.request_id] += o.new_token_ids
+            if not dec.has_unfinished():
+                break
+        return list(tokens.values())
+
+    want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts[:2], greedy)
+    chain, tree = run(), run(spec_tree=TREE)
+    assert tree[:2] == [o.new_token_ids for o in want]
+    assert tree == chain  # the sampled request's rounds on the first path: the chain's, coin for coin
+
+
+def test_a_tree_needs_a_drafter_that_drafts_trees(smollm):
+    with pytest.raises(ValueError, match="spec_tree"):
+        _fused(smollm, "ngram", spec_tree=TREE)
