@@ -53,6 +53,7 @@ def open_channel(address: str, max_message_bytes: int, identity: Identity | None
 
 class RemoteDrafter:
     graph_rounds = False  # drafts arrive from another process: the rounds verify them outside a fused graph
+    tree_rounds = False
     primes = False
     batch_weight = 2  # two RPCs a round; the guard (engine/policy.py SpecGuard) times its rounds within the limit
 
