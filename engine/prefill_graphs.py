@@ -1,4 +1,4 @@
-"""Prompt chunks (prefills) through captured graphs: up to 8 sequences' chunks packed into one replay.
+"""Prompt chunks (prefills) through captured graphs: up to 64 sequences' chunks packed into one replay.
 
 Eagerly, a prefill is ~900 launches from Python: on an H100 a 64- to 1,024-token prompt of
 SmolLM2-135M took ~30 ms of host time for 2-5 ms of kernels, and that is the time to first token.
@@ -12,7 +12,8 @@ none sees a padding key; where every row is a whole prompt, from position 0, the
 less of a lone prompt's GPU time on an H200). Padding keys land past the sequence's length, in its
 own last block or in the scratch block that pads its table, where the next tokens overwrite them; unused rows run wholly
 in the scratch block. One replay costs about what a lone prompt's does (the kernels are small), so
-a round of new prompts (a wave of arrivals at a served batch) pays once, not once per prompt. Only
+a round of new prompts (a wave of arrivals at a served batch) pays once, not once per prompt (``pack`` cuts a round's
+prompts into the replays that cost least: a long prompt does not pad many short ones to its length). Only
 each row's last ``num_logits`` real tokens go through the LM head (row indices are an input buffer),
 so the logits buffer stays small.
 
