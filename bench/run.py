@@ -172,6 +172,8 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
             "policy": _policy(decoder, case.batch_size),
             "pipeline_max_batch": cfg.pipeline_rows, "admit_group": cfg.admit_group,
             "spec_rounds": cfg.spec_round_count,
+            "spec_tree": ",".join(map(str, decoder.fused.tree.branching)) if decoder.fused is not None
+            and decoder.fused.tree is not None else None,
             # fused rounds read after being launched ahead, launched ahead but dropped unread (wasted), and launched
             # ahead without rows that had finished (compacted); rows that joined a chain of rounds launched ahead
             "rounds_ahead": sum(f.rounds_ahead for f in fused), "rounds_dropped": sum(f.dropped for f in fused),

@@ -39,7 +39,7 @@
 #    tandem bench at BS (default 16,64), plain and the EAGLE head (DRAFTS), greedy, 64 prompts of DATASET, --min-seconds
 #    MIN_S (default 2), in PREV=path's tree and this one in turn, ORDER (default "prev new prev new"), after a warm-up.
 # X: draft trees (--spec-tree): tandem bench at BS (default 1,4,16), greedy, 64 prompts of DATASET, --min-seconds
-#    MIN_S (default 2): plain and the EAGLE head's chain, then the head with each tree of TREES (default 2,2,1,1 and
+#    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default 2,2,1,1 and
 #    3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -64,7 +64,7 @@ case "${PART:-P}" in
     ds=${DATASET:-humaneval}
     for tree in chain ${TREES:-2,2,1,1 3,2,1,1}; do
       tag="$name-$ds-tree-$(echo "$tree" | tr -d ,)"
-      if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts auto --spec-tree "$tree"); fi
+      if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts none,auto --spec-tree "$tree"); fi
       timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 --batch-sizes "${BS:-1,4,16}" \
         "${more[@]}" --baselines none --temperatures 0 --min-seconds "${MIN_S:-2}" --attention torch --device cuda \
         --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
