@@ -39,8 +39,8 @@
 #    tandem bench at BS (default 16,64), plain and the EAGLE head (DRAFTS), greedy, 64 prompts of DATASET, --min-seconds
 #    MIN_S (default 2), in PREV=path's tree and this one in turn, ORDER (default "prev new prev new"), after a warm-up.
 # X: draft trees (--spec-tree): tandem bench at BS (default 1,4,16), greedy, 64 prompts of DATASET, --min-seconds
-#    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default 2,2,1,1 and
-#    3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first.
+#    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default
+#    2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
