@@ -20,7 +20,7 @@ from engine.models import ops
 from engine.rounds.base import RowResult
 from engine.rounds.chained import chain, count_down, next_num_draft
 from engine.rounds.graph_sampling import Mode, RoundSampling
-from engine.rounds.tree import TreeTensors, move_path_kv, tree_greedy_verify
+from engine.rounds.tree import TreeTensors, accept_tree, move_kv, path_slots
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
@@ -169,10 +169,13 @@ class RoundBody:
                                         self.aux_layers)
         logits = model.lm_logits(hidden).view(rows, n + 1, -1)                 # [R, N+1, V] model dtype
         argmax = ops.argmax(logits.view(rows * (n + 1), -1)).view(rows, n + 1)
+        cache = g.attn.cache
         if s is None:
-            committed, accepted, path = tree_greedy_verify(nodes, num_draft, argmax, t)
+            committed, accepted, path, src, dst = accept_tree(nodes, num_draft, argmax, t, g.attn.block_table, kv,
+                                                              cache.block_size)
         else:  # a chain on the first path, as ``verify`` takes one
             path = t.first_path.expand(rows, k + 1)
+            src, dst = path_slots(g.attn.block_table, kv, path, n, cache.block_size)
             drafts = nodes.index_select(1, t.first_path[1:] - 1)               # [R, k]
             committed, accepted = greedy_verify(drafts, num_draft, argmax.index_select(1, t.first_path))
             s.unpack()
@@ -182,8 +185,7 @@ class RoundBody:
             s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[0])
             committed = torch.where(s.greedy[:, None], committed, s_out)
             accepted = torch.where(s.greedy, accepted, s_acc)
-        cache = g.attn.cache
-        move_path_kv(cache.k, cache.v, g.attn.block_table, kv, path, n)
+        move_kv(cache.k, cache.v, src, dst)
         if aux is not None:                                                   # the path's features, [R*(k+1), F]
             aux = aux.view(rows, n + 1, -1).gather(1, path[:, :, None].expand(-1, -1, aux.shape[-1]))
             aux = aux.reshape(rows * (k + 1), -1)

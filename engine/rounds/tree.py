@@ -11,7 +11,8 @@ from the root, at each depth to the child that equals the target's argmax at its
 tokens: at most one does), for at most ``num_draft`` depths; the round commits the accepted nodes' tokens and the
 target's token at the last of them (recovered, or bonus at depth D), as a chain's round does. Its *path* (the
 positions of the root and the accepted nodes) says which KV entries and features the committed tokens own:
-``move_path_kv`` moves the accepted nodes' K/V to the committed positions L + 1 .. L + a.
+``move_kv`` moves the accepted nodes' K/V (``path_slots``) to the committed positions L + 1 .. L + a. On CUDA
+``accept_tree`` is one launch (kernels/tree_accept.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from functools import cached_property
 import torch
 
 from engine.config import check_tree
+from engine.models import ops
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 
@@ -137,17 +139,16 @@ def tree_greedy_verify(
     return committed, accepted, torch.stack(path, dim=1)
 
 
-def move_path_kv(
-    k_cache: torch.Tensor,      # [layers, blocks, block_size, Hkv, D] written in place
-    v_cache: torch.Tensor,      # the same
+def path_slots(
     block_table: torch.Tensor,  # [R, M] int64
     kv_lens: torch.Tensor,      # [R] int64: L + N + 1 (a padding row: exactly N + 1)
     path: torch.Tensor,         # [R, D + 1] int64: the root's and the accepted nodes' positions (then any)
     nodes: int,
-) -> None:
-    """Each row's accepted nodes' K/V (every layer), from index L + path[i] to the committed index L + i, i = 1 .. D
-    (past the accepted ones the entries move too: nothing reads them; padding rows move nothing)."""
-    bs = k_cache.shape[2]
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # src, dst [R * D] int64 cache slots
+    """The slots each row's accepted nodes' K/V move between: index L + path[i] to the committed index L + i,
+    i = 1 .. D (past the accepted ones the entries move too: nothing reads them; a padding row's stay put)."""
+    bs = block_size
     base = kv_lens - nodes - 1                                              # [R] L
     live = (kv_lens > nodes + 1)[:, None]
     depth = torch.arange(1, path.shape[1], device=path.device)[None, :]      # [1, D]
@@ -155,6 +156,35 @@ def move_path_kv(
     dst_pos = base[:, None] + depth
     src = (block_table.gather(1, src_pos // bs) * bs + src_pos % bs).reshape(-1)
     dst = (block_table.gather(1, dst_pos // bs) * bs + dst_pos % bs).reshape(-1)
+    return src, dst
+
+
+def move_kv(k_cache: torch.Tensor,  # [layers, blocks, block_size, Hkv, D] written in place
+            v_cache: torch.Tensor,  # the same
+            src: torch.Tensor,      # [S] int64 slots
+            dst: torch.Tensor,      # [S] int64 slots (distinct)
+            ) -> None:
+    """Every layer's K/V at slots ``src`` copied to ``dst`` (read first: the two may overlap)."""
     for cache in (k_cache, v_cache):
         flat = cache.view(cache.shape[0], -1, *cache.shape[3:])            # [layers, slots, Hkv, D]
         flat.index_copy_(1, dst, flat.index_select(1, src))
+
+
+def accept_tree(
+    nodes: torch.Tensor,          # [R, N] int64
+    num_draft: torch.Tensor,      # [R] int64
+    target_argmax: torch.Tensor,  # [R, N + 1] int64
+    t: TreeTensors,
+    block_table: torch.Tensor,    # [R, M] int64
+    kv_lens: torch.Tensor,        # [R] int64: L + N + 1
+    block_size: int,
+) -> tuple[torch.Tensor, ...]:    # committed [R, D + 1], accepted [R], path [R, D + 1], src, dst [R * D]
+    """``tree_greedy_verify`` and ``path_slots``: on CUDA at inference one launch (``kernels.tree_accept``, the same
+    contract), else these torch steps (about fifty launches on a GPU)."""
+    if ops.use_kernels(target_argmax):
+        from kernels.tree_accept import tree_accept
+
+        return tree_accept(nodes, num_draft, target_argmax, t.parents, t.depths, t.first_path, block_table, kv_lens,
+                           block_size)
+    committed, accepted, path = tree_greedy_verify(nodes, num_draft, target_argmax, t)
+    return (committed, accepted, path, *path_slots(block_table, kv_lens, path, t.tree.nodes, block_size))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.rounds.tree import DraftTree, TreeTensors, move_path_kv, tree_greedy_verify
+from engine.rounds.tree import DraftTree, TreeTensors, move_kv, path_slots, tree_greedy_verify
 from engine.sampling import greedy_verify
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID as P
 
@@ -95,7 +95,7 @@ def test_the_accepted_paths_kv_moves_to_the_committed_positions():
     def slot(row, pos):
         return int(table[row, pos // bs]) * bs + pos % bs
 
-    move_path_kv(k_cache, v_cache, table, lens, path, n)
+    move_kv(k_cache, v_cache, *path_slots(table, lens, path, n, bs))
     for row, length in ((0, 6), (1, 2)):
         for i in range(1, 4):
             s, d = slot(row, length + int(path[row, i])), slot(row, length + i)
