@@ -6,4 +6,5 @@ fast_path.py   the co-located fast path: its graphs and each request's next draf
 fused.py       a whole round as one CUDA graph (FusedRounds)
 ahead.py       the round launched before the one in flight is read
 graph_sampling.py  a graph round's sampling buffers and modes
+tree.py        a tree of drafts: its shape, greedy acceptance down it, the accepted path's KV moved
 """
