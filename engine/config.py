@@ -224,6 +224,8 @@ class EngineConfig:
                  f"must be >= kv_block_size ({self.kv_block_size}), got {self.max_round_tokens}")
         if self.spec_tree is not None:
             check_tree(self.spec_tree, self.k)
+            _require(self.use_fused_rounds, "spec_tree", "needs fused rounds (a CUDA device, fused rounds on; a tree "
+                     "of drafts is verified only inside the round's graph)")
 
     @property
     def torch_dtype(self):

@@ -30,7 +30,9 @@ def test_a_trees_shape():
     with pytest.raises(ValueError, match="at most 62"):
         DraftTree((4, 4, 4))
     with pytest.raises(ValueError, match="spec_tree: must have k = 4 depths"):
-        EngineConfig(k=4, spec_tree=(2, 2, 1))
+        EngineConfig(k=4, spec_tree=(2, 2, 1), cuda_graphs=True)
+    with pytest.raises(ValueError, match="spec_tree: needs fused rounds"):  # a CPU's default: no graphs, no tree
+        EngineConfig(k=4, spec_tree=(2, 2, 1, 1))
 
 
 def _walk(tree: DraftTree, nodes: list[int], num_draft: int, argmax: list[int]) -> tuple[list[int], int, list[int]]:

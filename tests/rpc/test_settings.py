@@ -50,6 +50,24 @@ def test_rounds_a_replay_and_arrivals_gathered_default_by_device(monkeypatch):
         EngineConfig(spec_rounds=0)
 
 
+def test_a_draft_tree_from_a_flag_or_the_environment(monkeypatch):
+    """--spec-tree 2,2,1,1 (or TANDEM_SPEC_TREE) reaches the engine's config as children per depth; none turns it off,
+    and text that is not a tree names the field."""
+    p = argparse.ArgumentParser()
+    add_settings_args(p, EngineSettings, "engine")
+    argv = ["--device", "cuda", "--spec-tree", "2,2,1,1"]
+    assert settings_from(p.parse_args(argv), EngineSettings).engine_config().spec_tree == (2, 2, 1, 1)
+    assert settings_from(p.parse_args(["--device", "cuda"]), EngineSettings).engine_config().spec_tree is None
+    monkeypatch.setenv("TANDEM_SPEC_TREE", "none")
+    assert load(EngineSettings).spec_tree is None
+    monkeypatch.setenv("TANDEM_SPEC_TREE", "2;2")
+    with pytest.raises(ValueError, match=r"^spec_tree: .*children per depth"):
+        load(EngineSettings)
+    monkeypatch.setenv("TANDEM_SPEC_TREE", "2,2,1")  # k is 4
+    with pytest.raises(ValueError, match=r"^spec_tree: must have k = 4 depths"):
+        load(EngineSettings, device="cuda").engine_config()
+
+
 @pytest.mark.parametrize("value, message", [("lots", "valid integer"), ("-1", "greater than or equal to 0")])
 def test_a_bad_value_names_the_field(monkeypatch, value, message):
     monkeypatch.setenv("TANDEM_SPEC_MAX_BATCH", value)
