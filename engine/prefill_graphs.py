@@ -1,4 +1,4 @@
-"""Prompt chunks (prefills) through captured graphs: up to 64 sequences' chunks packed into one replay.
+"""Prompt chunks (prefills) through captured graphs: up to 8 sequences' chunks packed into one replay.
 
 Eagerly, a prefill is ~900 launches from Python: on an H100 a 64- to 1,024-token prompt of
 SmolLM2-135M took ~30 ms of host time for 2-5 ms of kernels, and that is the time to first token.
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from engine.runner import ModelRunner
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)  # padded chunk lengths; longer chunks run eagerly
-PREFILL_ROWS = (1, 2, 4, 8, 16, 32, 64)  # sequences one replay takes
-PREFILL_MAX_TOKENS = 8192     # rows x padded length of a bucket (64 rows up to 128 tokens, 4 up to 2,048)
+PREFILL_ROWS = (1, 2, 4, 8)   # sequences one replay takes
+PREFILL_MAX_TOKENS = 2048     # rows x padded length of a bucket (8 rows up to 256 tokens, 1 up to 2,048)
 # What ``pack`` weighs a replay at, in padded tokens: a replay's fixed cost (its ~900 kernels' latency) over what one
 # more padded token costs it (bench/prefill_buckets.py measures both)
 REPLAY_TOKENS = 4096

@@ -23,7 +23,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.prefill_graphs import PrefillGraphs, PrefillRow
 from engine.upload import upload
 
-# A round whose prompt chunks pack into at most this many prefill-graph replays (each up to 64 chunks,
+# A round whose prompt chunks pack into at most this many prefill-graph replays (each up to 8 chunks,
 # engine/prefill_graphs.py; ~4 ms a replay on an H100, mostly GPU) runs them there and the rest of the batch
 # beside them; with more, one eager forward over all of them (~30 ms, mostly host, whatever the count) is cheaper.
 MAX_GRAPH_PREFILLS = 8

@@ -138,10 +138,10 @@ def test_a_round_of_prompts_and_decode_rows_packs_the_prompts_into_prefill_graph
     assert (4, 64, 512, (), 0) in static.prefill_graphs._buckets
     nxt = [Chunk(s, [4]) for s in ["a", "b", "p", "q", "s", "r", "n0", "n1", "n2"]]
     torch.testing.assert_close(static.run(nxt).logits, eager.run(nxt).logits, **LOGIT_TOL)
-    # nine prompts: one replay of 16 rows (padding rows past them), equal to eager
+    # nine prompts: a replay of 8 rows and one of 1 (two replays), equal to eager
     nine = [Chunk(f"m{i}", list(range(50 + i, 80 + 3 * i))) for i in range(9)]
     torch.testing.assert_close(static.run(nine).logits, eager.run(nine).logits, **LOGIT_TOL)
-    assert (16, 64, OWN_KEYS, (), 0) in static.prefill_graphs._buckets  # whole prompts: their own keys
+    assert (8, 64, OWN_KEYS, (), 0) in static.prefill_graphs._buckets  # whole prompts: their own keys
     # more replays than MAX_GRAPH_PREFILLS: one eager batch, no prefill graph runs
     monkeypatch.setattr(engine.runner, "MAX_GRAPH_PREFILLS", 1)
     monkeypatch.setattr(static.prefill_graphs, "run", None)
@@ -156,19 +156,21 @@ def test_prompts_pack_into_the_replays_that_cost_least(smollm):
     import itertools
     import random
 
-    from engine.prefill_graphs import PREFILL_MAX_TOKENS, REPLAY_TOKENS
+    from engine.prefill_graphs import PREFILL_MAX_TOKENS, PREFILL_ROWS, REPLAY_TOKENS
 
     pg = _runner(smollm, True).prefill_graphs  # a context of 1,024
+    most = PREFILL_ROWS[-1]
 
     def cost(groups):
         return sum(REPLAY_TOKENS + key[0] * key[1] for key, _ in groups)
 
-    short = [(0, 20 + i, 1) for i in range(64)]  # 20 .. 83 tokens: one bucket of 64 rows x 128
-    assert pg.pack(short, ()) == [((64, 128, OWN_KEYS, (), 0), sorted(range(64), key=lambda i: short[i][1]))]
-    # fifteen short prompts and one of 500 tokens: 16 x 512 padded would be 8,192 tokens; the long one goes alone
-    mixed = [(0, 30, 1)] * 7 + [(0, 500, 1)] + [(0, 40, 1)] * 8
-    assert [(key[:2], sorted(m)) for key, m in pg.pack(mixed, ())] == [((16, 64), [i for i in range(16) if i != 7]),
-                                                                        ((1, 512), [7])]
+    short = [(0, 20 + i, 1) for i in range(4 * most)]  # 20 .. tokens: full replays of the most rows, by length
+    got = pg.pack(short, ())
+    assert [m for _, m in got] == [list(range(i, i + most)) for i in range(0, 4 * most, most)]
+    assert all(key[0] == most for key, _ in got)
+    # short prompts and one of 500 tokens: it does not pad them to its length (it goes alone)
+    mixed = [(0, 30, 1)] * 3 + [(0, 500, 1)] + [(0, 40, 1)] * 3
+    assert [(key[:2], sorted(m)) for key, m in pg.pack(mixed, ())] == [((8, 64), [0, 1, 2, 4, 5, 6]), ((1, 512), [3])]
     # too short (1 token: a step's), too long for the context, more logits than a bucket keeps: in no replay
     odd = [(0, 1, 1), (0, 3000, 1), (0, 40, 40), (100, 40, 1), (0, 40, 1)]
     assert [(key[:3], m) for key, m in pg.pack(odd, ())] == [((2, 64, 512), [3, 4])]  # one chunk further in: a context
