@@ -66,15 +66,10 @@ class DraftTree:
         """[N + 1] each position's depth (the root's: 0)."""
         return (0,) + tuple(d + 1 for d, (s, e) in enumerate(self.levels) for _ in range(s, e))
 
-    @cached_property
+    @property
     def first_path(self) -> tuple[int, ...]:
-        """[D] the first path's node positions, depth 1 .. D."""
-        out, p = [], 0
-        for start, _ in self.levels:
-            first_child = start + (p - (self.levels[len(out) - 1][0] if out else 0)) * self.branching[len(out)]
-            out.append(first_child)
-            p = first_child
-        return tuple(out)
+        """[D] the first path's node positions, depth 1 .. D: each depth's first node (the first child of the first)."""
+        return tuple(start for start, _ in self.levels)
 
     @cached_property
     def ancestor_bits(self) -> tuple[int, ...]:
