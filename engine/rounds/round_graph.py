@@ -145,15 +145,22 @@ class RoundBody:
         logits = model.lm_logits(hidden)                                       # [R*(k+1), V] model dtype
         committed, accepted = greedy_verify(drafts, num_draft, ops.argmax(logits).view(rows, k + 1))
         if s is not None:
-            s.unpack()
-            per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
-            probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
             if self.one_hot:  # only the leading real drafts (greedy matching never accepts a placeholder)
                 num_draft = torch.minimum(num_draft, (drafts >= 0).long().cumprod(dim=1).sum(dim=1))
-            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[step])
-            committed = torch.where(s.greedy[:, None], committed, s_out)
-            accepted = torch.where(s.greedy, accepted, s_acc)
+            committed, accepted = self._sample(s, logits, drafts, num_draft, committed, accepted, step)
         return committed, accepted, aux
+
+    def _sample(self, s: RoundSampling, logits: torch.Tensor,  # [R*(k+1), V] model dtype: t0's and the drafts'
+                drafts: torch.Tensor, num_draft: torch.Tensor,  # [R, k], [R]
+                committed: torch.Tensor, accepted: torch.Tensor,  # greedy matching's [R, k+1], [R]
+                step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rejection sampling for the sampled rows (the greedy rows keep greedy matching's result)."""
+        k = drafts.shape[1]
+        s.unpack()
+        per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
+        probs = probs_from_logits(logits.float(), *per_position, s.filtered).view(drafts.shape[0], k + 1, -1)
+        s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[step])
+        return torch.where(s.greedy[:, None], committed, s_out), torch.where(s.greedy, accepted, s_acc)
 
     def _verify_tree(self, g: RoundGraph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``verify`` of t0 and a draft tree's nodes (node i at position L + its depth, its KV at L + i); then the
@@ -178,13 +185,8 @@ class RoundBody:
             src, dst = path_slots(g.attn.block_table, kv, path, n, cache.block_size)
             drafts = nodes.index_select(1, t.first_path[1:] - 1)               # [R, k]
             committed, accepted = greedy_verify(drafts, num_draft, argmax.index_select(1, t.first_path))
-            s.unpack()
-            per_position = (x.repeat_interleave(k + 1) for x in (s.temperature, s.top_k, s.top_p))
             chain_logits = logits.index_select(1, t.first_path).reshape(rows * (k + 1), -1)
-            probs = probs_from_logits(chain_logits.float(), *per_position, s.filtered).view(rows, k + 1, -1)
-            s_out, s_acc = rejection_sample(drafts, num_draft, probs, s.q_in, s.uniforms, s.noise[0])
-            committed = torch.where(s.greedy[:, None], committed, s_out)
-            accepted = torch.where(s.greedy, accepted, s_acc)
+            committed, accepted = self._sample(s, chain_logits, drafts, num_draft, committed, accepted, 0)
         move_kv(cache.k, cache.v, src, dst)
         if aux is not None:                                                   # the path's features, [R*(k+1), F]
             aux = aux.view(rows, n + 1, -1).gather(1, path[:, :, None].expand(-1, -1, aux.shape[-1]))

@@ -12,10 +12,8 @@ import pytest
 
 from engine.config import SamplingParams
 from tests.conftest import make_decoder
+from tests.engine.test_fused_round import PARAMS, TEXTS  # the fused rounds' four prompts and their lengths
 
-TEXTS = ("List three colors.", "What is 2 + 2? Explain.", "Write a haiku about the sea.",
-         "Write a Python function that returns the n-th Fibonacci number.")
-PARAMS = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((20, 33, 27, 40))]
 TREE = (2, 2, 1, 1)
 
 

@@ -10,14 +10,11 @@ import torch
 
 from engine.config import SamplingParams
 from tests.conftest import make_decoder
+from tests.gpu.test_gpu_graphs import TEXTS  # the graph tests' six chat prompts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 PARAMS = [SamplingParams(max_tokens=n, ignore_eos=i % 2 == 0) for i, n in enumerate((40, 64, 33, 57, 48, 20))]
-TEXTS = ["Hi!", "List the first ten prime numbers, separated by commas.",
-         "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
-         "Summarize the plot of Romeo and Juliet in five bullet points.",
-         "Explain recursion to a child.", "What is the capital of Australia? Answer in one sentence."]
 
 
 @pytest.fixture(scope="module")
