@@ -40,7 +40,8 @@
 #    MIN_S (default 2), in PREV=path's tree and this one in turn, ORDER (default "prev new prev new"), after a warm-up.
 # X: draft trees (--spec-tree): tandem bench at BS (default 1,4,16), greedy, 64 prompts of DATASET, --min-seconds
 #    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default
-#    2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first.
+#    2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first;
+#    ADMISSION=continuous (default waves) with NUM prompts (default 64; HumanEval has 164).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -61,13 +62,13 @@ case "${PART:-P}" in
   X)
     [ -n "${NO_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -x tests/gpu/test_gpu_tree.py > "$OUT/$name-tree-tests.log" 2>&1;
       tail -3 "$OUT/$name-tree-tests.log"; echo "tests done at $SECONDS s"; }
-    ds=${DATASET:-humaneval}
+    ds=${DATASET:-humaneval} adm=${ADMISSION:-waves}
     for tree in chain ${TREES:-2,2,1,1 3,2,1,1}; do
-      tag="$name-$ds-tree-$(echo "$tree" | tr -d ,)"
+      tag="$name-$ds-$adm-tree-$(echo "$tree" | tr -d ,)"
       if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts none,auto --spec-tree "$tree"); fi
-      timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts 64 --batch-sizes "${BS:-1,4,16}" \
-        "${more[@]}" --baselines none --temperatures 0 --min-seconds "${MIN_S:-2}" --attention torch --device cuda \
-        --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
+      timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts "${NUM:-64}" \
+        --batch-sizes "${BS:-1,4,16}" "${more[@]}" --baselines none --temperatures 0 --admission "$adm" \
+        --min-seconds "${MIN_S:-2}" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done ;;
   F)
