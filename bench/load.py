@@ -3,7 +3,6 @@ with and without a per-round token budget (chunked prefill mixed with the runnin
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from typing import Sequence
@@ -26,7 +25,7 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
 
 def run_load(model: LoadedModel, config: EngineConfig, draft: str, prompts: Sequence[Sequence[int]], rate: float,
              max_tokens: int, temperature: float, seed: int, max_round_tokens: int | None) -> dict:
-    cfg = dataclasses.replace(config, k=0 if draft == "none" else config.k, max_round_tokens=max_round_tokens)
+    cfg = config.for_draft(draft, max_round_tokens=max_round_tokens)
     decoder, timer = _timed_decoder(model, cfg, draft)
     params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i)
               for i in range(len(prompts))]

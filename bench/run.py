@@ -112,9 +112,7 @@ def run_case(model: LoadedModel, config: EngineConfig, case: BenchCase, prompts:
     as soon as one finishes); EOS ignored. ``request_k``: the k each request asks for (SamplingParams.k; None: the
     engine's). ``min_seconds``: the prompts again, as they came the first time (same waves, same seeds), until this
     long has passed: a case of a fraction of a second reads one run's noise."""
-    plain = case.draft == "none"  # the plain case decodes without drafts: no k, no tree of them
-    cfg = dataclasses.replace(config, k=0 if plain else config.k, spec_tree=None if plain else config.spec_tree,
-                              max_batch_size=max(config.max_batch_size, case.batch_size))
+    cfg = config.for_draft(case.draft, max_batch_size=max(config.max_batch_size, case.batch_size))
     decoder, timer = _timed_decoder(model, cfg, case.draft)
     params = [SamplingParams(temperature=case.temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i,
                              k=request_k if case.draft != "none" else None) for i in range(len(prompts))]

@@ -227,6 +227,13 @@ class EngineConfig:
             _require(self.use_fused_rounds, "spec_tree", "needs fused rounds (a CUDA device, fused rounds on; a tree "
                      "of drafts is verified only inside the round's graph)")
 
+    def for_draft(self, draft: str, **changes) -> "EngineConfig":
+        """This config for a decoder with ``draft`` (``"none"``: plain decoding, no k and no tree of drafts), with
+        ``changes``; what a benchmark's plain case and its speculative cases share."""
+        plain = draft == "none"
+        return dataclasses.replace(self, k=0 if plain else self.k, spec_tree=None if plain else self.spec_tree,
+                                   **changes)
+
     @property
     def torch_dtype(self):
         import torch

@@ -8,7 +8,6 @@ and the later steps' median, and the host functions of one prefill step by cumul
 from __future__ import annotations
 
 import cProfile
-import dataclasses
 import io
 import pstats
 import statistics
@@ -34,8 +33,7 @@ def main() -> None:
     prompts = held_out_prompts("humaneval", model.tokenizer, 64)
     params = [SamplingParams(max_tokens=128, ignore_eos=True, seed=i) for i in range(64)]
     for draft in ("none", "ngram", "auto"):
-        cfg = dataclasses.replace(config, k=0 if draft == "none" else config.k,
-                                  max_batch_size=max(config.max_batch_size, 64))
+        cfg = config.for_draft(draft, max_batch_size=max(config.max_batch_size, 64))
         dec = decoder_for(model, cfg, draft)
         dec.capture_prefills()
         dec.capture_rounds(64, [Mode.GREEDY])

@@ -35,6 +35,14 @@ def test_a_trees_shape():
         EngineConfig(k=4, spec_tree=(2, 2, 1, 1))
 
 
+def test_a_plain_case_of_a_tree_config_drops_the_tree():
+    """A benchmark's plain case (k 0) built from a config with a tree: no tree, not "spec_tree: must have k = 0"."""
+    cfg = EngineConfig(k=4, spec_tree=(2, 2, 1, 1), cuda_graphs=True, max_batch_size=4)
+    plain, spec = cfg.for_draft("none", max_batch_size=16), cfg.for_draft("auto")
+    assert (plain.k, plain.spec_tree, plain.max_batch_size) == (0, None, 16)
+    assert (spec.k, spec.spec_tree, spec.max_batch_size) == (4, (2, 2, 1, 1), 4)
+
+
 def _walk(tree: DraftTree, nodes: list[int], num_draft: int, argmax: list[int]) -> tuple[list[int], int, list[int]]:
     """Greedy acceptance by hand: from the root, the child whose token is the target's argmax at its parent."""
     cur, committed, path = 0, [], [0]
