@@ -97,12 +97,14 @@ def profile_case(model, batch: int, q_len: int, context: int, iters: int, aux: t
 
 
 def profile_round(model, draft: str, k: int, batch: int, context: int, iters: int, top: int,
-                  temperature: float = 0.0, spec_rounds: int | None = None) -> dict:
+                  temperature: float = 0.0, spec_rounds: int | None = None,
+                  spec_tree: tuple[int, ...] | None = None) -> dict:
     from engine.config import SamplingParams
     from engine.factory import decoder_for
 
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention="torch", max_batch_size=batch, max_k=max(k, 1),
-                       k=k, kv_cache_tokens=batch * (context + 8 * iters + 512) + 4096, spec_rounds=spec_rounds)
+                       k=k, kv_cache_tokens=batch * (context + 8 * iters + 512) + 4096, spec_rounds=spec_rounds,
+                       spec_tree=spec_tree)
     dec = decoder_for(model, cfg, draft)
     if dec.fused is None:
         raise SystemExit(f"bench.step_profile: {draft} with k={k} takes no fused rounds")
@@ -134,6 +136,7 @@ def profile_round(model, draft: str, k: int, batch: int, context: int, iters: in
     host_rows = _host_ops(dec.step, 3, top)
     host_fns = _host_fns(dec.step, 20, top)
     return {"round": draft, "k": k, "batch": batch, "context": context, "temperature": temperature,
+            "spec_tree": list(spec_tree) if spec_tree else None,
             "spec_rounds": dec.fused.store.steps_for(batch) if k else 0,
             "fused_rounds_timed": len(run_s),
             "round_ms": round(round_ms, 4), "run_ms": round(sum(run_s) * 1e3 / max(len(run_s), 1), 4),
@@ -224,6 +227,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="--round: the requests' temperature (0: greedy)")
     p.add_argument("--spec-rounds", type=int, help="--round: whole rounds a greedy speculative replay of 16 rows or "
                    "more runs (default: the engine's, 2 on cuda); a step then holds that many rounds")
+    p.add_argument("--spec-tree", metavar="B1,B2,..", help="--round: greedy rounds verify a tree of drafts of these "
+                   "children per node by depth (as tandem bench --spec-tree)")
     p.add_argument("--prefill", metavar="LENS", help="comma-separated prompt lengths: time a new request's first round")
     p.add_argument("--torch-ops", action="store_true", help="plain torch ops, not the Triton kernels")
     p.add_argument("--eager-prefill", action="store_true",
@@ -253,9 +258,11 @@ def main() -> None:
         top_shown = max(6, args.top)
         for b in (int(x) for x in args.batch.split(",")):
             row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
-                                args.top, args.temperature, args.spec_rounds)
+                                args.top, args.temperature, args.spec_rounds,
+                                tuple(int(x) for x in args.spec_tree.split(",")) if args.spec_tree else None)
             rows.append(row)
-            print(f"round {args.round} k={row['k']} T={args.temperature} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
+            tree = f" tree {args.spec_tree}" if args.spec_tree else ""
+            print(f"round {args.round}{tree} k={row['k']} T={args.temperature} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
                   f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
                   f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
             for k in row["top_kernels"][:top_shown]:
