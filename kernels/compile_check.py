@@ -13,7 +13,7 @@ import sys
 
 def _cases():
     from kernels import (argmax_rows, fused_norm, greedy_accept, l2_prefetch, next_inputs, philox, rejection_accept,
-                         rmsnorm, rotary, silu_mul, static_attention)
+                         rmsnorm, rotary, silu_mul, static_attention, topk_rows)
 
     for load in (False, True):
         yield (f"l2_prefetch load={load}", l2_prefetch._l2_prefetch_kernel,
@@ -42,6 +42,11 @@ def _cases():
                dict(x_ptr="*fp32", noise_ptr="*fp32", val_ptr="*fp32", idx_ptr="*i64", ticket_ptr="*i32",
                     out_ptr="*i64", V="i32", stride_x="i32", stride_n="i32", chunks="i32"),
                dict(HAS_NOISE=noise, BLOCK=argmax_rows.BLOCK, NB=32))
+
+    for b in (1, 2, 4):
+        yield (f"topk_rows b={b}", topk_rows._topk_rows_kernel,
+               dict(x_ptr="*bf16", val_ptr="*fp32", idx_ptr="*i64", ticket_ptr="*i32", out_ptr="*i64", V="i32",
+                    stride_x="i32", chunks="i32"), dict(B=b, BLOCK=topk_rows.BLOCK, NB=32 * b))
 
     for exponential in (False, True):
         yield (f"philox exponential={exponential}", philox._philox_kernel,

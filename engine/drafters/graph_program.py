@@ -156,7 +156,7 @@ class GraphDraftProgram:
         kv_lens: [R] L + k + 1, as ``draft`` takes them."""
         tree, k = self.tree, self.k
         g, kv = self._catch_up(committed, num_accepted, aux, kv_lens)           # [R, H]
-        levels = [torch.topk(self.logits(g), tree.branching[0], dim=-1).indices]  # depth 1's tokens [R, b1]
+        levels = [ops.topk(self.logits(g), tree.branching[0])]                 # depth 1's tokens [R, b1]
         outs = [g[:, None, :]]                                                  # each depth's outputs, the root's first
         first = kv - k + num_accepted                                           # [R] the first node's entry
         for s, (attn, depths, kept) in enumerate(self.tree_steps, start=1):     # forward depths 1 .. s, keep depth s
@@ -170,7 +170,7 @@ class GraphDraftProgram:
                                extra.reshape(self.rows * m, -1), keep.reshape(-1))  # [R * W_s, H]
             outs.append(out.view(self.rows, kept.shape[0], -1))
             b = tree.branching[s]
-            levels.append(torch.topk(self.logits(out), b, dim=-1).indices.view(self.rows, kept.shape[0] * b))
+            levels.append(ops.topk(self.logits(out), b).view(self.rows, kept.shape[0] * b))
         return torch.cat(levels, dim=1)
 
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,

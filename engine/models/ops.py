@@ -76,6 +76,16 @@ def argmax(x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
     return (x if noise is None else x / noise).argmax(dim=-1)
 
 
+def topk(x: torch.Tensor, b: int) -> torch.Tensor:
+    """x: [R, V] as ``argmax`` takes it -> [R, b] int64, each row's b largest, largest first. On CUDA one launch over
+    many programs a row, ties to the lowest index (so column 0 is ``argmax``'s pick); elsewhere torch's topk."""
+    if use_kernels(x) and x.dtype in ARGMAX_DTYPES:
+        from kernels.topk_rows import topk_rows
+
+        return topk_rows(x, b)
+    return torch.topk(x, b, dim=-1).indices
+
+
 CPU_VOCAB_SLICE = 2048  # rows of an LM head's weight per matmul on the CPU
 
 
