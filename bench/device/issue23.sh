@@ -42,6 +42,9 @@
 #    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default
 #    2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first;
 #    ADMISSION=continuous (default waves) with NUM prompts (default 64; HumanEval has 164).
+# K: where a tree round's time goes: bench.step_profile --round auto at BS (default 1,4), greedy, the chain and each tree
+#    of TREES (default 2,2,1,1), 40 kernels each, and the first tree again with torch.topk picking the children
+#    (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py (NO_TESTS=1: not).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -71,6 +74,24 @@ case "${PART:-P}" in
         --min-seconds "${MIN_S:-2}" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done ;;
+  K)
+    prof=(python3 -m bench.step_profile --round auto --batch "${BS:-1,4}" --iters 50 --top 40)
+    set -- ${TREES:-2,2,1,1}
+    for tree in chain "$@" "torch-topk:$1"; do
+      tag="$name-profile-$(echo "$tree" | tr -d ,:)"
+      case "$tree" in
+        chain) timeout 120 "${prof[@]}" --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 ;;
+        torch-topk:*) timeout 120 python3 -c "import runpy, sys, torch; from engine.models import ops
+ops.topk = lambda x, b: torch.topk(x, b, dim=-1).indices
+sys.argv = sys.argv[1:]; runpy.run_module('bench.step_profile', run_name='__main__')" "${prof[@]:2}" \
+            --spec-tree "${tree#*:}" --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 ;;
+        *) timeout 120 "${prof[@]}" --spec-tree "$tree" --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 ;;
+      esac
+      echo "$tree:"; grep -E '^round' "$OUT/$tag.log" || tail -5 "$OUT/$tag.log"
+    done
+    echo "profiles done at $SECONDS s"
+    [ -n "${NO_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -x -s tests/gpu/test_gpu_tree.py > "$OUT/$name-tree-tests.log" 2>&1;
+      grep -E "^\{'chain'|passed|failed" "$OUT/$name-tree-tests.log" | cut -c1-600; echo "tests done at $SECONDS s"; } ;;
   F)
     [ -n "${NO_PROBE:-}" ] || { timeout 150 python3 -m bench.prefill_buckets > "$OUT/$name-prefill-buckets.log" 2>&1;
       cat "$OUT/$name-prefill-buckets.log" | cut -c1-120; }
