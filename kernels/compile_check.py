@@ -35,7 +35,7 @@ def _cases():
 
     yield ("next_inputs", next_inputs._next_inputs_kernel,
            dict(inputs_ptr="*i64", kv_ptr="*i64", committed_ptr="*i64", num_accepted_ptr="*i64", drafts_ptr="*i64",
-                K="i32", stride_i="i32", stride_c="i32", stride_d="i32"), dict(BLOCK=8))
+                K="i32", W="i32", stride_i="i32", stride_c="i32", stride_d="i32"), dict(BLOCK=8))
 
     for noise in (False, True):
         yield (f"argmax_rows noise={noise}", argmax_rows._argmax_rows_kernel,

@@ -42,12 +42,12 @@ def chain(inputs: torch.Tensor,               # [R, w+2] long, updated in place 
     """The next round's inputs (what a round launched ahead reads; a round launched from the host overwrites them):
     t0 becomes this round's last committed token, the drafts its next drafts (and, in sampling rounds, their q),
     and each live row's KV length grows by the tokens committed; each row's num_draft stays. Padding rows (KV
-    length exactly w + 1) stay as they are. On CUDA all but the q is one launch (``kernels.next_inputs``; a chain's,
-    w = k), else the torch steps below."""
-    k, w = committed.shape[1] - 1, inputs.shape[1] - 2
+    length exactly w + 1) stay as they are. On CUDA all but the q is one launch (``kernels.next_inputs``), else the
+    torch steps below."""
+    w = inputs.shape[1] - 2
     if q is not None:                                                          # before kv moves
         q_in.copy_(torch.where((kv_lens > w + 1)[:, None, None], q, q_in))
-    if ops.use_kernels(kv_lens) and w == k:  # one launch (kernels.next_inputs, the same steps)
+    if ops.use_kernels(kv_lens):  # one launch (kernels.next_inputs, the same steps)
         from kernels.next_inputs import next_inputs
 
         next_inputs(inputs, kv_lens, committed, accepted, next_drafts)

@@ -264,24 +264,28 @@ def test_kv_slots_large_batch_of_decode_rows():
 
 # ------------------------------------------------------------------------------------ next inputs
 
-def chained_round(gen: torch.Generator, r: int, k: int, padding: int):
-    """A fused round's buffers after its verdict: inputs [R, k + 2] and KV lengths (the last ``padding`` rows
-    padding, holding exactly k + 1 tokens), the committed tokens and accepted counts of greedy acceptance, and
-    the drafter's next drafts."""
+def chained_round(gen: torch.Generator, r: int, k: int, padding: int, w: int | None = None):
+    """A fused round's buffers after its verdict: inputs [R, w + 2] (w: k, or a draft tree's nodes, the first k
+    of them verified here) and KV lengths (the last ``padding`` rows padding, holding exactly w + 1 tokens), the
+    committed tokens and accepted counts of greedy acceptance, and the drafter's next drafts [R, w]."""
+    w = k if w is None else w
     drafts, num_draft, target = random_drafts(gen, r, k, vocab=3)
-    inputs = torch.cat([torch.randint(0, 50, (r, 1), generator=gen), drafts, num_draft[:, None]], dim=1)
-    kv = torch.randint(k + 2, 400, (r,), generator=gen)
-    kv[r - padding:] = k + 1
+    nodes = torch.cat([drafts, torch.randint(0, 50, (r, w - k), generator=gen)], dim=1)
+    inputs = torch.cat([torch.randint(0, 50, (r, 1), generator=gen), nodes, num_draft[:, None]], dim=1)
+    kv = torch.randint(w + 2, 400, (r,), generator=gen)
+    kv[r - padding:] = w + 1
     committed, accepted = (t.contiguous() for t in greedy_accept_reference(drafts, num_draft, target))
-    next_drafts = torch.randint(0, 50, (r, k), generator=gen) if k else None
+    next_drafts = torch.randint(0, 50, (r, w), generator=gen) if w else None
     return inputs, kv, committed, accepted, next_drafts
 
 
-@pytest.mark.parametrize("r,k,padding", [(1, 4, 0), (8, 4, 3), (16, 1, 5), (4, 0, 1)])
-def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, padding):
+@pytest.mark.parametrize("r,k,padding,w", [(1, 4, 0, 4), (8, 4, 3, 4), (16, 1, 5, 1), (4, 0, 1, 0), (6, 4, 2, 14)])
+def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, padding, w):
+    """w > k: a draft tree's round (14 nodes of depth 4), whose next drafts are a tree too."""
     from engine.rounds.chained import chain
 
-    inputs, kv, committed, accepted, next_drafts = chained_round(torch.Generator().manual_seed(r + k), r, k, padding)
+    inputs, kv, committed, accepted, next_drafts = chained_round(torch.Generator().manual_seed(r + k), r, k, padding,
+                                                                 w)
     want = next_inputs_reference(inputs, kv, committed, accepted, next_drafts)
     got_inputs, got_kv = inputs.clone(), kv.clone()
     next_inputs(got_inputs, got_kv, committed, accepted, next_drafts)
@@ -294,9 +298,9 @@ def test_next_inputs_equals_the_reference_and_the_rounds_torch_steps(r, k, paddi
     for b in range(r - padding):
         a = int(accepted[b])
         assert int(got_inputs[b, 0]) == int(committed[b, a]) and int(got_kv[b]) == int(kv[b]) + a + 1
-        assert got_inputs[b, 1:k + 1].tolist() == ([] if next_drafts is None else next_drafts[b].tolist())
+        assert got_inputs[b, 1:w + 1].tolist() == ([] if next_drafts is None else next_drafts[b].tolist())
     assert_equal((got_inputs[r - padding:], got_kv[r - padding:]), (inputs[r - padding:], kv[r - padding:]))
-    assert_equal(got_inputs[:, k + 1], inputs[:, k + 1])  # how many drafts to verify: untouched
+    assert_equal(got_inputs[:, w + 1], inputs[:, w + 1])  # how many drafts to verify: untouched
 
 
 # ------------------------------------------------------------------------------------ wrappers
@@ -355,6 +359,8 @@ BAD_ARGS = {
     "next_kv_lens_device": (_next_args(kv_lens=T([5]).to(META)), "kv_lens"),
     "next_num_accepted_shape": (_next_args(num_accepted=T([[1]])), "num_accepted"),
     "next_drafts_shape": (_next_args(next_drafts=T([[4, 5]])), "next_drafts"),
+    "next_inputs_narrower_than_committed": (_next_args(inputs=T([[1, 2, 1]]), committed=T([[2, 3, 4]]),
+                                                       next_drafts=T([[4]])), "inputs"),
     "next_drafts_missing": (_next_args(next_drafts=None), "next_drafts"),
     "next_inputs_strided": (_next_args(inputs=T([[1, 9, 2, 9, 1, 9]])[:, ::2]), "inputs"),
 }
