@@ -42,9 +42,10 @@
 #    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default
 #    2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first;
 #    ADMISSION=continuous (default waves) with NUM prompts (default 64; HumanEval has 164).
-# K: where a tree round's time goes: bench.step_profile --round auto at BS (default 1,4), greedy, the chain and each tree
-#    of TREES (default 2,2,1,1), 40 kernels each, and the first tree again with torch.topk picking the children
-#    (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py (NO_TESTS=1: not).
+# K: where a tree round's time goes: bench.step_profile --round auto at BS (default 1,4), greedy, the chain (k 4) and
+#    each tree of TREES (default 2,2,1,1; k its depth), 40 kernels each, and the first tree again with torch.topk
+#    picking the children (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py (NO_TESTS=1: not).
+#    X's trees take k from their depth too.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -68,17 +69,20 @@ case "${PART:-P}" in
     ds=${DATASET:-humaneval} adm=${ADMISSION:-waves}
     for tree in chain ${TREES:-2,2,1,1 3,2,1,1}; do
       tag="$name-$ds-$adm-tree-$(echo "$tree" | tr -d ,)"
-      if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts none,auto --spec-tree "$tree"); fi
+      if [ "$tree" = chain ]; then more=(--drafts none,auto)
+      else more=(--drafts none,auto --spec-tree "$tree" --k $(( $(echo "$tree" | tr -cd , | wc -c) + 1 ))); fi
       timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts "${NUM:-64}" \
         --batch-sizes "${BS:-1,4,16}" "${more[@]}" --baselines none --temperatures 0 --admission "$adm" \
         --min-seconds "${MIN_S:-2}" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done ;;
   K)
-    prof=(python3 -m bench.step_profile --round auto --batch "${BS:-1,4}" --iters 50 --top 40)
+    prof=(python3 -m bench.step_profile --round auto --batch "${BS:-1,4}" --iters 50 --top 40 --k 4)
     set -- ${TREES:-2,2,1,1}
     for tree in chain "$@" "torch-topk:$1"; do
       tag="$name-profile-$(echo "$tree" | tr -d ,:)"
+      depth=$(( $(echo "$tree" | tr -cd , | wc -c) + 1 )); [ "$tree" = chain ] && depth=4
+      prof[12]=$depth  # --k: a tree's depth
       case "$tree" in
         chain) timeout 120 "${prof[@]}" --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 ;;
         torch-topk:*) timeout 120 python3 -c "import runpy, sys, torch; from engine.models import ops

@@ -27,8 +27,8 @@ def plain(smollm, prompts):
     return make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts, PARAMS)
 
 
-def _fused(smollm, draft="auto", **kw):
-    return make_decoder(smollm, draft, k=4, cuda_graphs=True, fused_rounds=True, **kw)
+def _fused(smollm, draft="auto", k=4, **kw):
+    return make_decoder(smollm, draft, k=k, cuda_graphs=True, fused_rounds=True, **kw)
 
 
 @pytest.mark.parametrize("draft,kw", [("auto", {}), ("auto", dict(pipeline_max_batch=8)),
@@ -42,6 +42,15 @@ def test_tree_rounds_decode_the_targets_greedy_output(smollm, prompts, plain, dr
     assert dec.fused.rounds > 0 and sum(o.accepted for o in got) > 0
     if kw.get("pipeline_max_batch"):
         assert dec.fused.rounds_ahead > 0
+
+
+@pytest.mark.parametrize("tree", [(3, 1), (2, 1, 1)])
+def test_shallow_wide_trees_decode_the_targets_greedy_output(smollm, prompts, plain, tree):
+    """Trees wide at the top and short (k their depth): fewer draft steps a round than the chain of k 4."""
+    dec = _fused(smollm, k=len(tree), spec_tree=tree, pipeline_max_batch=8)
+    got = dec.generate(prompts, PARAMS)
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    assert dec.fused.width == {(3, 1): 6, (2, 1, 1): 6}[tree] and sum(o.accepted for o in got) > 0
 
 
 def test_a_tree_commits_more_tokens_a_round_than_its_first_path(smollm, prompts, plain):
