@@ -72,8 +72,9 @@ class GraphDraftProgram:
                 bits = torch.tensor([tree.ancestor_bits[i] >> 1 for i in range(1, end)], device=dev)
                 attn = StaticAttention(runner.cache, heads, rows, end - 1, max_blocks, scratch, tree=bits)
                 attn.share_table(self.catch)
+                kept = torch.arange(start - 1, end - 1, device=dev)                            # depth s's nodes
                 self.tree_steps.append((attn, torch.tensor(tree.depths[1:end], device=dev),       # [m] depths
-                                        torch.arange(start - 1, end - 1, device=dev)))              # the kept nodes
+                                        (self._rows[:, None] * (end - 1) + kept[None, :]).reshape(-1)))  # [R * W_s]
             self._tree_parent_at = [torch.tensor(parent_at[s:e], device=dev) for s, e in tree.levels]
 
     # ------------------------------------------------------------------ what a subclass says
@@ -159,19 +160,18 @@ class GraphDraftProgram:
         levels = [ops.topk(self.logits(g), tree.branching[0])]                 # depth 1's tokens [R, b1]
         outs = [g[:, None, :]]                                                  # each depth's outputs, the root's first
         first = kv - k + num_accepted                                           # [R] the first node's entry
-        for s, (attn, depths, kept) in enumerate(self.tree_steps, start=1):     # forward depths 1 .. s, keep depth s
-            m = attn.q_len
-            extra = torch.cat([outs[d].index_select(1, self._tree_parent_at[d]) for d in range(s)], dim=1)  # parents'
+        for s, (attn, depths, keep) in enumerate(self.tree_steps, start=1):     # forward depths 1 .. s, keep depth s
+            m, width = attn.q_len, keep.shape[0] // self.rows
+            extra = _cat([outs[d].index_select(1, self._tree_parent_at[d]) for d in range(s)])  # [R, m, H] parents'
             attn.kv_lens.copy_(first + m)
             attn.prepare()
             positions = first[:, None] - 1 + depths[None, :]                    # [R, m] node j: its depth's entry
-            keep = self._rows[:, None] * m + kept[None, :]                      # [R, W_s] depth s's rows
-            out = self.forward(torch.cat(levels, dim=1).reshape(-1), positions.reshape(-1), attn,
-                               extra.reshape(self.rows * m, -1), keep.reshape(-1))  # [R * W_s, H]
-            outs.append(out.view(self.rows, kept.shape[0], -1))
+            out = self.forward(_cat(levels).reshape(-1), positions.reshape(-1), attn,
+                               extra.reshape(self.rows * m, -1), keep)          # [R * W_s, H]
+            outs.append(out.view(self.rows, width, -1))
             b = tree.branching[s]
-            levels.append(ops.topk(self.logits(out), b).view(self.rows, kept.shape[0] * b))
-        return torch.cat(levels, dim=1)
+            levels.append(ops.topk(self.logits(out), b).view(self.rows, width * b))
+        return _cat(levels)
 
     def draft(self, committed: torch.Tensor, num_accepted: torch.Tensor, aux: torch.Tensor | None,
               kv_lens: torch.Tensor, sampling: "RoundSampling | None" = None
@@ -194,3 +194,8 @@ class GraphDraftProgram:
             drafts.append(d)
             qs.append(q)
         return torch.stack(drafts, dim=1), None if sampling is None else torch.stack(qs, dim=1)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat along dim 1, without a copy for one part."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
