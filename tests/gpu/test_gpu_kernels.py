@@ -83,6 +83,19 @@ def test_argmax_rows_compiled_equal_torch():
         assert torch.equal(argmax_rows(x16), argmax_rows_reference(x16.float()))
 
 
+def test_topk_rows_compiled_equal_a_stable_sort():
+    from kernels.argmax_rows import argmax_rows
+    from kernels.topk_rows import topk_rows, topk_rows_reference
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for rows, b in ((1, 3), (4, 2), (56, 1), (40, 4)):
+        x = (torch.randn(rows, 49152, device="cuda", generator=g) * 4).bfloat16()  # as a draft step's LM head leaves it
+        x[0, [300, 7, 40000]] = x[0].max() + 1  # a tie across programs: the lowest index first
+        for _ in range(3):  # the per-row tickets start at zero on every call
+            got = topk_rows(x, b)
+            assert torch.equal(got, topk_rows_reference(x, b)) and torch.equal(got[:, 0], argmax_rows(x))
+
+
 def test_rejection_accept_compiled_equals_the_torch_steps():
     """A round's sampled acceptance in one launch, compiled, against the engine's torch steps on the CPU (same
     float32 arithmetic): SmolLM2's vocabulary, one-hot and full draft distributions, calls in a row."""

@@ -26,17 +26,17 @@ def prompts(f32):
 
 
 @pytest.mark.parametrize("tree,kw", [((2, 2, 1, 1), {}), ((3, 2, 1, 1), dict(spec_rounds=2, spec_rounds_min_batch=1)),
-                                     ((2, 2, 1, 1), dict(pipeline_max_batch=0))])
+                                     ((2, 2, 1, 1), dict(pipeline_max_batch=0)), ((3, 1), {}), ((2, 1, 1), {})])
 def test_captured_tree_rounds_equal_plain_greedy(f32, prompts, tree, kw):
     plain = make_decoder(f32, "none", k=0, device="cuda", dtype="float32", attention="torch",
                          cuda_graphs=False).generate(prompts, PARAMS)
-    dec = make_decoder(f32, "auto", k=4, device="cuda", dtype="float32", attention="torch", cuda_graphs=True,
+    dec = make_decoder(f32, "auto", k=len(tree), device="cuda", dtype="float32", attention="torch", cuda_graphs=True,
                        fused_rounds=True, spec_tree=tree, **kw)
     got = dec.generate(prompts, PARAMS)
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     assert dec.fused.store.num_captured >= 1 and dec.fused.rounds > 0
     tokens_a_round = sum(o.accepted + o.rounds for o in got) / sum(o.rounds for o in got)
-    assert tokens_a_round > 2.0, tokens_a_round
+    assert tokens_a_round > 1.5, tokens_a_round
     if kw.get("pipeline_max_batch", 1):
         assert dec.fused.rounds_ahead > 0
 
