@@ -44,7 +44,8 @@
 #    ADMISSION=continuous (default waves) with NUM prompts (default 64; HumanEval has 164).
 # K: where a tree round's time goes: bench.step_profile --round auto at BS (default 1,4), greedy, the chain (k 4) and
 #    each tree of TREES (default 2,2,1,1; k its depth), 40 kernels each, and the first tree again with torch.topk
-#    picking the children (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py (NO_TESTS=1: not).
+#    picking the children (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py and the topk_rows GPU
+#    test (NO_TESTS=1: not; TESTS_S: their time limit, default 300 s).
 #    X's trees take k from their depth too.
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -94,7 +95,8 @@ sys.argv = sys.argv[1:]; runpy.run_module('bench.step_profile', run_name='__main
       echo "$tree:"; grep -E '^round' "$OUT/$tag.log" || tail -5 "$OUT/$tag.log"
     done
     echo "profiles done at $SECONDS s"
-    [ -n "${NO_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -x -s tests/gpu/test_gpu_tree.py > "$OUT/$name-tree-tests.log" 2>&1;
+    [ -n "${NO_TESTS:-}" ] || { timeout "${TESTS_S:-300}" python3 -m pytest -q -s tests/gpu/test_gpu_tree.py \
+      tests/gpu/test_gpu_kernels.py::test_topk_rows_compiled_equal_a_stable_sort > "$OUT/$name-tree-tests.log" 2>&1;
       grep -E "^\{'chain'|passed|failed" "$OUT/$name-tree-tests.log" | cut -c1-600; echo "tests done at $SECONDS s"; } ;;
   F)
     [ -n "${NO_PROBE:-}" ] || { timeout 150 python3 -m bench.prefill_buckets > "$OUT/$name-prefill-buckets.log" 2>&1;
