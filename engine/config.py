@@ -48,7 +48,8 @@ def check_tree(branching: object, k: int, field_name: str = "spec_tree") -> None
     field)."""
     _require(isinstance(branching, tuple) and all(isinstance(b, int) and b >= 1 for b in branching), field_name,
              f"must be children per depth, integers >= 1 (e.g. 2,2,1,1), got {branching!r}")
-    _require(len(branching) == k and k > 0, field_name, f"must have k = {k} depths (k > 0), got {len(branching)}")
+    _require(len(branching) == k and k > 0, field_name, f"must have k = {k} depths (k > 0), got {len(branching)}"
+             + (f"; for this tree set k to {len(branching)} (--k {len(branching)})" if branching and k > 0 else ""))
     _require(tree_nodes(branching) <= MAX_TREE_NODES, field_name,
              f"{branching} has {tree_nodes(branching)} nodes; at most {MAX_TREE_NODES}")
 

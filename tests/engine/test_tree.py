@@ -29,7 +29,7 @@ def test_a_trees_shape():
             DraftTree(bad)
     with pytest.raises(ValueError, match="at most 62"):
         DraftTree((4, 4, 4))
-    with pytest.raises(ValueError, match="spec_tree: must have k = 4 depths"):
+    with pytest.raises(ValueError, match=r"spec_tree: must have k = 4 depths .*set k to 3 \(--k 3\)"):
         EngineConfig(k=4, spec_tree=(2, 2, 1), cuda_graphs=True)
     with pytest.raises(ValueError, match="spec_tree: needs fused rounds"):  # a CPU's default: no graphs, no tree
         EngineConfig(k=4, spec_tree=(2, 2, 1, 1))
