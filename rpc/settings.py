@@ -161,8 +161,22 @@ class EngineSettings(DraftLengthSettings):
                                        "requests run (below that, arrivals are too rare to gather)")
     spec_tree: Annotated[tuple[int, ...] | None, BeforeValidator(_tree_text)] = Field(
         None, description="greedy co-located rounds verify a tree of drafts: this many candidates under each node, by "
-        "depth (k depths), e.g. 2,2,1,1 (14 drafts a round); sampled rounds verify its first path. Needs a drafter "
-        "inside the round's graph that drafts trees (the EAGLE head, a draft model). None: a chain of k")
+        "depth (k depths; no k given: k is the depth), e.g. 2,2,1,1 (14 drafts a round) or 3,1 (6 drafts, two "
+        "draft steps); sampled rounds verify its first path. Needs a drafter inside the round's graph that drafts "
+        "trees (the EAGLE head, a draft model). None: a chain of k")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _k_from_the_tree(cls, data):
+        """A tree given and no k (flag or variable): k is the tree's depth, the one k it can have."""
+        if isinstance(data, dict) and _none_word(data.get("k")) is None:
+            try:
+                tree = _tree_text(data.get("spec_tree"))
+            except ValueError:
+                return data  # spec_tree's own validation names it
+            if isinstance(tree, tuple) and tree:
+                data = {**data, "k": len(tree)}
+        return data
 
     # where drafts cross the wire (a drafter service) a sampled draft's distribution travels as its top m
     WIRE_TOP_M: ClassVar[int] = 32

@@ -63,8 +63,12 @@ def test_a_draft_tree_from_a_flag_or_the_environment(monkeypatch):
     monkeypatch.setenv("TANDEM_SPEC_TREE", "2;2")
     with pytest.raises(ValueError, match=r"^spec_tree: .*children per depth"):
         load(EngineSettings)
-    monkeypatch.setenv("TANDEM_SPEC_TREE", "2,2,1")  # k is 4
-    with pytest.raises(ValueError, match=r"^spec_tree: must have k = 4 depths"):
+    monkeypatch.setenv("TANDEM_SPEC_TREE", "3,1")  # no k given: the tree's depth
+    assert load(EngineSettings, device="cuda").engine_config().k == 2
+    assert settings_from(p.parse_args(["--device", "cuda", "--spec-tree", "2,1,1"]), EngineSettings).k == 3
+    monkeypatch.setenv("TANDEM_K", "4")  # a k given: the tree must have its depth
+    monkeypatch.setenv("TANDEM_SPEC_TREE", "2,2,1")
+    with pytest.raises(ValueError, match=r"^spec_tree: must have k = 4 depths .*set k to 3"):
         load(EngineSettings, device="cuda").engine_config()
 
 
