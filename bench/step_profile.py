@@ -223,7 +223,7 @@ def main() -> None:
     p.add_argument("--aux", default="", help="comma-separated target layers to return as aux features (EAGLE)")
     p.add_argument("--top", type=int, default=8, help="kernels listed per case")
     p.add_argument("--round", metavar="DRAFT", help="profile fused rounds with this drafter (none: plain decode)")
-    p.add_argument("--k", type=int, default=4, help="--round: draft length")
+    p.add_argument("--k", type=int, default=4, help="--round: draft length (with --spec-tree: the tree's depth)")
     p.add_argument("--temperature", type=float, default=0.0, help="--round: the requests' temperature (0: greedy)")
     p.add_argument("--spec-rounds", type=int, help="--round: whole rounds a greedy speculative replay of 16 rows or "
                    "more runs (default: the engine's, 2 on cuda); a step then holds that many rounds")
@@ -257,12 +257,13 @@ def main() -> None:
     if args.round and not args.prefill:
         top_shown = max(6, args.top)
         for b in (int(x) for x in args.batch.split(",")):
-            row = profile_round(model, args.round, 0 if args.round == "none" else args.k, b, args.context, args.iters,
-                                args.top, args.temperature, args.spec_rounds,
-                                tuple(int(x) for x in args.spec_tree.split(",")) if args.spec_tree else None)
+            tree = tuple(int(x) for x in args.spec_tree.split(",")) if args.spec_tree else None
+            k = 0 if args.round == "none" else len(tree) if tree else args.k  # a tree's k is its depth
+            row = profile_round(model, args.round, k, b, args.context, args.iters, args.top, args.temperature,
+                                args.spec_rounds, tree)
             rows.append(row)
-            tree = f" tree {args.spec_tree}" if args.spec_tree else ""
-            print(f"round {args.round}{tree} k={row['k']} T={args.temperature} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
+            shown = f" tree {args.spec_tree}" if args.spec_tree else ""
+            print(f"round {args.round}{shown} k={row['k']} T={args.temperature} batch {b:3d}: step {row['round_ms']:.3f} ms, fused run "
                   f"{row['run_ms']:.3f} ms, replay {row['replay_ms']:.3f} ms, {row['kernels']} kernels "
                   f"({row['kernel_ms']:.3f} ms of kernel time)", flush=True)
             for k in row["top_kernels"][:top_shown]:

@@ -46,7 +46,7 @@
 #    each tree of TREES (default 2,2,1,1; k its depth), 40 kernels each, and the first tree again with torch.topk
 #    picking the children (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py and the topk_rows GPU
 #    test (NO_TESTS=1: not; TESTS_S: their time limit, default 300 s).
-#    X's trees take k from their depth too.
+#    X's trees take k from their depth too (neither passes --k: a tree's k is its depth).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
 case "${PART:-P}" in
@@ -70,20 +70,17 @@ case "${PART:-P}" in
     ds=${DATASET:-humaneval} adm=${ADMISSION:-waves}
     for tree in chain ${TREES:-2,2,1,1 3,2,1,1}; do
       tag="$name-$ds-$adm-tree-$(echo "$tree" | tr -d ,)"
-      if [ "$tree" = chain ]; then more=(--drafts none,auto)
-      else more=(--drafts none,auto --spec-tree "$tree" --k $(( $(echo "$tree" | tr -cd , | wc -c) + 1 ))); fi
+      if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts none,auto --spec-tree "$tree"); fi
       timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts "${NUM:-64}" \
         --batch-sizes "${BS:-1,4,16}" "${more[@]}" --baselines none --temperatures 0 --admission "$adm" \
         --min-seconds "${MIN_S:-2}" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done ;;
   K)
-    prof=(python3 -m bench.step_profile --round auto --batch "${BS:-1,4}" --iters 50 --top 40 --k 4)
+    prof=(python3 -m bench.step_profile --round auto --batch "${BS:-1,4}" --iters 50 --top 40)
     set -- ${TREES:-2,2,1,1}
     for tree in chain "$@" "torch-topk:$1"; do
       tag="$name-profile-$(echo "$tree" | tr -d ,:)"
-      depth=$(( $(echo "$tree" | tr -cd , | wc -c) + 1 )); [ "$tree" = chain ] && depth=4
-      prof[12]=$depth  # --k: a tree's depth
       case "$tree" in
         chain) timeout 120 "${prof[@]}" --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 ;;
         torch-topk:*) timeout 120 python3 -c "import runpy, sys, torch; from engine.models import ops

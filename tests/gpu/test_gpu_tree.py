@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig, SamplingParams
-from engine.runner import Chunk, ModelRunner
+from engine.config import SamplingParams
 from tests.conftest import make_decoder
-from tests.gpu.test_gpu_engine import NEAR_TIE
+from tests.gpu.test_gpu_engine import NEAR_TIE, _gap_fp32
 from tests.gpu.test_gpu_graphs import TEXTS  # the graph tests' six chat prompts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -36,16 +35,9 @@ def test_captured_tree_rounds_equal_plain_greedy(f32, prompts, tree, kw):
     assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
     assert dec.fused.store.num_captured >= 1 and dec.fused.rounds > 0
     tokens_a_round = sum(o.accepted + o.rounds for o in got) / sum(o.rounds for o in got)
-    assert tokens_a_round > 1.5, tokens_a_round
+    assert tokens_a_round > (2.0 if len(tree) == 4 else 1.5), tokens_a_round  # a shallow tree drafts fewer
     if kw.get("pipeline_max_batch", 1):
         assert dec.fused.rounds_ahead > 0
-
-
-def _gap_fp32(model32, prompt: list[int], prefix: list[int], a: int, b: int) -> float:
-    """The float32 target's logit gap between tokens a and b after prompt + prefix."""
-    runner = ModelRunner(model32.model, EngineConfig(device="cuda", attention="torch", kv_cache_tokens=4096))
-    logits = runner.forward([Chunk("g", prompt + prefix)])[0]
-    return abs(logits[a].item() - logits[b].item())
 
 
 def test_tree_rounds_in_bfloat16_commit_more_than_the_chain_and_leave_greedy_only_at_near_ties(
