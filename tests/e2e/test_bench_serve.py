@@ -41,9 +41,11 @@ def test_bench_serve_drives_a_colocated_stack_and_the_engine_in_process(tmp_path
         assert r["engine_ms.queued"] + r["engine_ms.life"] < r["latency_ms_mean"]
         assert r["ttft_ms_mean"] < r["latency_ms_mean"] and r["itl_ms_mean"] > 0
         assert 0 < r["in_flight_mean"] <= r["concurrency"]
+        # the ratio is written to three decimals: off by at most half the last one, whatever its size (a CPU's
+        # served ratio can be 0.04, where 1 % is less than the rounding)
         assert r["served_vs_in_process"] == pytest.approx(
             r["tokens_per_s"] / next(i["tokens_per_s"] for i in inproc if i["concurrency"] == r["concurrency"]),
-            rel=1e-2)
+            rel=0, abs=5e-4 + 1e-9)
     assert "| tandem-colocated | False | 1 | 3 |" in (tmp_path / "t.md").read_text()
 
 
