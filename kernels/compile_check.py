@@ -13,7 +13,8 @@ import sys
 
 def _cases():
     from kernels import (argmax_rows, fused_norm, greedy_accept, l2_prefetch, next_inputs, philox, rejection_accept,
-                         rmsnorm, rotary, silu_mul, static_attention, topk_rows)
+                         rmsnorm, rotary, silu_mul, static_attention, topk_rows, tree_sample_accept)
+    from kernels._common import pow2_at_least
 
     for load in (False, True):
         yield (f"l2_prefetch load={load}", l2_prefetch._l2_prefetch_kernel,
@@ -32,6 +33,17 @@ def _cases():
                     **{n: "i32" for n in ("stride_d", "stride_n", "stride_pb", "stride_pk", "stride_qb", "stride_qk",
                                           "stride_u", "stride_e")}),
                dict(HAS_Q=has_q, PLACEHOLDER=-1, BLOCK_K=8, BLOCK=rejection_accept.BLOCK, NB=32))
+
+    for shape, nodes in (((3, 1), 6), ((2, 2, 1, 1), 14)):  # draft trees and their nodes
+        yield (f"tree_sample_accept tree={shape}", tree_sample_accept._tree_sample_kernel,
+               dict(nodes_ptr="*i64", num_draft_ptr="*i64", p_ptr="*fp32", u_ptr="*fp32", noise_ptr="*fp32",
+                    child_ptr="*i64", branch_ptr="*i64", first_ptr="*i64", val_ptr="*fp32", idx_ptr="*i64",
+                    ticket_ptr="*i32", committed_ptr="*i64", accepted_ptr="*i64", path_ptr="*i64", N="i32", V="i32",
+                    chunks="i32", **{n: "i32" for n in ("stride_t", "stride_n", "stride_pb", "stride_pk", "stride_u",
+                                                        "stride_e")}),
+               dict(D=len(shape), BMAX=max(shape), PLACEHOLDER=-1, BLOCK_N=pow2_at_least(nodes + 1),
+                    BLOCK_D=pow2_at_least(len(shape) + 1), BLOCK_B=pow2_at_least(max(shape)),
+                    BLOCK=tree_sample_accept.BLOCK, NB=32))
 
     yield ("next_inputs", next_inputs._next_inputs_kernel,
            dict(inputs_ptr="*i64", kv_ptr="*i64", committed_ptr="*i64", num_accepted_ptr="*i64", drafts_ptr="*i64",

@@ -13,6 +13,13 @@ target's token at the last of them (recovered, or bonus at depth D), as a chain'
 positions of the root and the accepted nodes) says which KV entries and features the committed tokens own:
 ``move_kv`` moves the accepted nodes' K/V (``path_slots``) to the committed positions L + 1 .. L + a. On CUDA
 ``accept_tree`` is one launch (kernels/tree_accept.py).
+
+A sampled row walks down the tree too (``tree_rejection_sample``): at each node it tests the node's children in the
+drafter's order, each against what is left of the target's distribution there once the siblings before it were
+rejected, and takes the first accepted; if none is, it draws the recovered token from that remainder. That is one
+draw from the target's distribution, split into steps: a node is accepted exactly when the draw is its token, so the
+output is the target's in distribution whatever the tree holds (the candidates need only not depend on the round's
+coins). A chain (every b 1) is ``rejection_sample`` with one-hot drafts, coin for coin.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 from engine.config import check_tree
 from engine.models import ops
 from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
+from engine.sampling.sampler import sample_from_probs
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,14 @@ class DraftTree:
         """[N + 1] each position's depth (the root's: 0)."""
         return (0,) + tuple(d + 1 for d, (s, e) in enumerate(self.levels) for _ in range(s, e))
 
+    @cached_property
+    def first_children(self) -> tuple[int, ...]:
+        """[N + 1] each position's first child's position (a leaf's: 0); its children are the b positions from it."""
+        out = [0] * (self.nodes + 1)
+        for i in reversed(range(1, self.nodes + 1)):
+            out[self.parents[i]] = i
+        return tuple(out)
+
     @property
     def first_path(self) -> tuple[int, ...]:
         """[D] the first path's node positions, depth 1 .. D: each depth's first node (the first child of the first)."""
@@ -101,6 +117,8 @@ class TreeTensors:
         self.depths = torch.tensor(tree.depths, dtype=torch.long, device=device)         # [N + 1]
         self.ancestors = tree.ancestor_mask(device)                                      # [N + 1]
         self.first_path = torch.tensor((0,) + tree.first_path, dtype=torch.long, device=device)  # [D + 1]
+        self.first_child = torch.tensor(tree.first_children, dtype=torch.long, device=device)  # [N + 1]
+        self.branching = torch.tensor(tree.branching, dtype=torch.long, device=device)         # [D]
 
 
 def tree_greedy_verify(
@@ -131,6 +149,62 @@ def tree_greedy_verify(
     final = target_argmax.gather(1, cur[:, None])                       # [R, 1] recovered or bonus
     committed = torch.cat([torch.stack(tokens, dim=1), torch.full_like(final, PLACEHOLDER_TOKEN_ID)], dim=1)
     committed.scatter_(1, accepted[:, None], final)
+    return committed, accepted, torch.stack(path, dim=1)
+
+
+def tree_rejection_sample(
+    nodes: torch.Tensor,         # [R, N] int64: each row's node tokens (placeholders never accepted)
+    num_draft: torch.Tensor,     # [R] int64: the depths a row may accept, <= D
+    target_probs: torch.Tensor,  # [R, N + 1, V] float32: the target's distribution after the root (0) and each node
+    uniforms: torch.Tensor,      # [R, N] float32 in [0, 1): node i's acceptance coin in column i - 1
+    noise: torch.Tensor,         # [R, V] float32 Exponential(1): the recovered / bonus draw
+    t: TreeTensors,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # committed [R, D + 1], num_accepted [R], path [R, D + 1]
+    """Lossless sampling down the tree (the module's docstring): at the node reached, its children in order, child c
+    is accepted when u_c * left < p(c), left = 1 less the p of the siblings rejected before it (subtracted one by
+    one); where none is, the recovered token is drawn from p without the rejected siblings (their tokens zeroed), and
+    past the last depth a row may accept, the bonus token from p itself. Returns what ``tree_greedy_verify``
+    returns. On CUDA at inference one launch (``kernels.tree_sample_accept``, the same contract, bit for bit)."""
+    if ops.use_kernels(target_probs):
+        from kernels.tree_sample_accept import tree_sample_accept
+
+        return tree_sample_accept(nodes, num_draft, target_probs, uniforms, noise, t.first_child, t.branching,
+                                  t.first_path, max(t.tree.branching))
+    tree = t.tree
+    r, dev = nodes.shape[0], nodes.device
+    rows = torch.arange(r, device=dev)
+    cur = torch.zeros(r, dtype=torch.long, device=dev)                 # the position accepted so far, per row
+    alive = torch.ones(r, dtype=torch.bool, device=dev)
+    removed = torch.full((r, max(tree.branching)), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=dev)
+    path, tokens = [cur], []
+    for d, b in enumerate(tree.branching):
+        live = alive & (d < num_draft)                                   # [R] rows testing this depth
+        pos = t.first_child[cur][:, None] + torch.arange(b, device=dev)[None, :]  # [R, b] cur's children
+        cand = nodes.gather(1, pos - 1)                                  # [R, b] their tokens
+        valid = (cand >= 0) & live[:, None]
+        pc = target_probs[rows, cur].gather(1, cand.clamp(min=0)) * valid  # [R, b] p(c) (0: not tested)
+        u = uniforms.gather(1, pos - 1)
+        left, hit = torch.ones(r, device=dev), torch.zeros(r, dtype=torch.bool, device=dev)
+        pick = torch.zeros(r, dtype=torch.long, device=dev)
+        for c in range(b):                                               # siblings in order
+            ok = valid[:, c] & ~hit & (u[:, c] * left < pc[:, c])
+            pick, hit = torch.where(ok, c, pick), hit | ok
+            left = torch.where(hit, left, left - pc[:, c])
+        removed[:, :b] = torch.where((live & ~hit)[:, None] & valid, cand, removed[:, :b])  # a row stopping here
+        alive = live & hit
+        nxt = pos.gather(1, pick[:, None])[:, 0]
+        cur = torch.where(alive, nxt, cur)
+        path.append(torch.where(alive, nxt, t.first_path[d + 1].expand(r)))
+        tokens.append(torch.where(alive, cand.gather(1, pick[:, None])[:, 0], PLACEHOLDER_TOKEN_ID))
+    accepted = torch.stack(tokens, dim=1).ge(0).long().sum(dim=1)      # [R] nodes accepted (a prefix)
+    p = target_probs[rows, cur]                                        # [R, V] at the last accepted (or root)
+    gone = torch.zeros_like(p).scatter_add_(1, removed.clamp(min=0), removed.ge(0).to(p.dtype))
+    residual = torch.where(gone > 0, 0.0, p)
+    residual = torch.where(residual.sum(dim=1, keepdim=True) <= 0, p, residual)  # p == the siblings up to rounding
+    final = sample_from_probs(residual, noise)                         # [R] recovered or bonus
+    committed = torch.cat([torch.stack(tokens, dim=1),
+                           torch.full_like(final[:, None], PLACEHOLDER_TOKEN_ID)], dim=1)
+    committed.scatter_(1, accepted[:, None], final[:, None])
     return committed, accepted, torch.stack(path, dim=1)
 
 

@@ -18,7 +18,7 @@ def test_a_trees_shape():
     assert t.nodes == 10 and t.depth == 3 and t.levels == ((1, 3), (3, 7), (7, 11))
     assert t.parents == (0, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6)
     assert t.depths == (0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-    assert t.first_path == (1, 3, 7)
+    assert t.first_path == (1, 3, 7) and t.first_children == (1, 3, 5, 7, 8, 9, 10, 0, 0, 0, 0)
     assert t.ancestor_bits[7] == 0b10001011  # node 7: itself, 3, 1 and the root
     assert t.place_chain([11, 12]) == [11, P, 12, P, P, P, P, P, P, P]
     chain = DraftTree((1, 1, 1, 1))

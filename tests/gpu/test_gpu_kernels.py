@@ -113,6 +113,22 @@ def test_rejection_accept_compiled_equals_the_torch_steps():
                     assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
 
 
+def test_tree_sample_accept_compiled_equals_the_torch_steps():
+    """A tree round's sampled acceptance in one launch, compiled, against the engine's torch steps on the CPU (same
+    float32 arithmetic): SmolLM2's vocabulary, shallow and deep trees, calls in a row."""
+    from engine.rounds.tree import TreeTensors, tree_rejection_sample
+    from kernels.tree_sample_accept import tree_sample_accept
+    from tests.kernels.test_tree_sample_accept import case
+
+    for shape, rows in (((3, 1), 4), ((2, 2, 1, 1), 16), ((2, 1, 1), 64)):
+        tree, *args = case(shape, rows, rows, vocab=49152)
+        want = tree_rejection_sample(*args, TreeTensors(tree, "cpu"))
+        t = TreeTensors(tree, "cuda")
+        for _ in range(2):  # the per-row tickets start at zero on every call
+            got = tree_sample_accept(*(a.cuda() for a in args), t.first_child, t.branching, t.first_path, max(shape))
+            assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
+
+
 def test_next_inputs_compiled_equals_the_reference():
     from kernels.next_inputs import next_inputs, next_inputs_reference
     from tests.kernels.test_kernels import chained_round
