@@ -186,9 +186,9 @@ class EngineConfig:
     # serves several arrivals instead of each arrival costing the running batch an eager round; 1: as they come
     admit_group: int = 1
     admit_group_min_batch: int = 16
-    # greedy rounds of the co-located graph verify a tree of drafts, this many children under each node by depth
-    # (engine/rounds/tree.py; depth k, at most MAX_TREE_NODES nodes); sampled rounds verify its first path, a chain;
-    # None: a chain of k
+    # rounds of the co-located graph verify a tree of drafts, this many children under each node by depth
+    # (engine/rounds/tree.py; depth k, at most MAX_TREE_NODES nodes): greedy rows by matching, sampled rows walking
+    # it by rejection sampling; None: a chain of k
     spec_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

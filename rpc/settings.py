@@ -160,10 +160,10 @@ class EngineSettings(DraftLengthSettings):
     admit_group_min_batch: int = Field(16, ge=1, description="--admit-group holds arrivals only while at least N "
                                        "requests run (below that, arrivals are too rare to gather)")
     spec_tree: Annotated[tuple[int, ...] | None, BeforeValidator(_tree_text)] = Field(
-        None, description="greedy co-located rounds verify a tree of drafts: this many candidates under each node, by "
-        "depth (k depths; no k given: k is the depth), e.g. 2,2,1,1 (14 drafts a round) or 3,1 (6 drafts, two "
-        "draft steps); sampled rounds verify its first path. Needs a drafter inside the round's graph that drafts "
-        "trees (the EAGLE head, a draft model). None: a chain of k")
+        None, description="co-located rounds verify a tree of drafts: this many candidates under each node, by depth "
+        "(k depths; no k given: k is the depth), e.g. 2,2,1,1 (14 drafts a round) or 3,1 (6 drafts, two draft "
+        "steps); greedy and sampled requests alike (sampled ones by rejection sampling down the tree). Needs a "
+        "drafter inside the round's graph that drafts trees (the EAGLE head, a draft model). None: a chain of k")
 
     @model_validator(mode="before")
     @classmethod

@@ -112,8 +112,9 @@ class GraphDraftProgram:
 
     def rewind(self, request_ids: Sequence[str]) -> None:
         """A round loaded for these sampled requests was dropped unread: their next round draws its noise at the
-        draw number that one took."""
-        self.sampler.rewind(request_ids)
+        draw number that one took (a part that samples nothing took none)."""
+        if self.noise is not None:
+            self.sampler.rewind(request_ids)
 
     def grow(self, rows: Sequence[tuple[str, int, SamplingParams]]) -> None:
         """Room in the head's KV for a replay of these rows: the catch-up (to L + k + 1), the draft steps (to L + 2k);

@@ -76,7 +76,7 @@ class FusedRounds:
     def __init__(self, target: "ModelRunner", drafter: "Drafter | None", k: int, max_batch: int,
                  max_context: int, capture: bool, pipeline_rows: int = 0, steps: int = 1, steps_from: int = 1,
                  tree: "DraftTree | None" = None) -> None:
-        """tree: greedy rounds verify and draft a tree of drafts of depth k (engine/rounds/tree.py)."""
+        """tree: rounds verify and draft a tree of drafts of depth k (engine/rounds/tree.py)."""
         if k and (drafter is None or not drafter.graph_rounds):
             raise ValueError("fused rounds: k > 0 needs a drafter that drafts inside a graph (graph_rounds)")
         if steps < 1:

@@ -49,7 +49,7 @@ class RoundSampling:
     filtered: bool
     params: torch.Tensor       # [R, 4] float32
     draws: torch.Tensor        # [2, R] int64: each row's seed and draw number
-    uniforms: torch.Tensor     # [R, k] float32: the round's acceptance coins
+    uniforms: torch.Tensor     # [R, w] float32: the round's acceptance coins, one a draft (a draft tree's: a node)
     noise: torch.Tensor        # [S, R, V] float32 Exponential(1): the recovered / bonus draw of each step
     q_in: torch.Tensor | None  # [R, k, V] float32: q of the drafts being verified (k > 0)
     zero_q: torch.Tensor | None  # [k, V] zeros: the q of a greedy row (any finite q; its result is unused)
@@ -61,8 +61,9 @@ class RoundSampling:
     @classmethod
     def allocate(cls, rows: int, k: int, vocab: int, filtered: bool,
                  device: torch.device, with_q: bool = True, steps: int = 1) -> "RoundSampling":
-        """``with_q`` False: the drafts are one-hot (a deterministic drafter), no q crosses. ``steps``: tokens a
-        row decodes in a round (a plain graph's steps), each with the draw number after the one before."""
+        """``k``: drafts a row carries (a draft tree's nodes); ``with_q`` False: the drafts are one-hot (a
+        deterministic drafter, a draft tree), no q crosses. ``steps``: tokens a row decodes in a round (a plain
+        graph's steps), each with the draw number after the one before."""
         params = pack_rows([], rows).to(device)
         q = bool(k) and with_q
         return cls(filtered, params, torch.zeros(2, rows, dtype=torch.long, device=device),

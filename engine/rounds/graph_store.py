@@ -76,13 +76,13 @@ class GraphStore:
                                tree=None if tree is None else tree.ancestors)
         sampling = None
         steps = self.steps_for(rows, mode)
-        if mode != Mode.GREEDY:
-            sampling = RoundSampling.allocate(rows, k, t.vocab_size, mode == Mode.FILTERED,
-                                              t.device, with_q=not self.body.one_hot, steps=steps)
+        if mode != Mode.GREEDY:  # a coin a draft (a tree: a node), and no q for one-hot drafts (a tree's are)
+            sampling = RoundSampling.allocate(rows, w, t.vocab_size, mode == Mode.FILTERED, t.device,
+                                              with_q=not self.body.one_hot and tree is None, steps=steps)
         program = None
-        if k:
+        if k:  # a tree's drafter picks its likeliest tokens for every row: it samples nothing
             tree_arg = {} if tree is None else {"tree": tree.tree}
-            program = self.drafter.round_program(rows, k, blocks, sampling is not None, **tree_arg)
+            program = self.drafter.round_program(rows, k, blocks, sampling is not None and tree is None, **tree_arg)
         if program is not None:
             program.rounds = steps  # rounds a replay drafts for (its KV grows for them all)
         inputs = torch.zeros(rows, w + 2, dtype=torch.long, device=t.device)

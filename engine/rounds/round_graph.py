@@ -20,9 +20,8 @@ from engine.models import ops
 from engine.rounds.base import RowResult
 from engine.rounds.chained import chain, count_down, next_num_draft
 from engine.rounds.graph_sampling import Mode, RoundSampling
-from engine.rounds.tree import TreeTensors, accept_tree, move_kv, path_slots
+from engine.rounds.tree import TreeTensors, accept_tree, move_kv, path_slots, tree_rejection_sample
 from engine.sampling import greedy_verify, probs_from_logits, rejection_sample
-from engine.sampling.rejection import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
     from engine.drafters.base import DraftProgram
@@ -55,9 +54,10 @@ class RoundGraph:
 
 class RoundBody:
     """What a fused round's graph runs, on its buffers; the same for every graph of one ``FusedRounds``. With a draft
-    tree (engine/rounds/tree.py) a row carries the tree's N nodes instead of k drafts: greedy rounds verify and draft
-    the whole tree, sampling rounds a chain on its first path (rejection sampling as ever; the other nodes are
-    placeholders); either way the accepted nodes' K/V and features move to the committed positions first."""
+    tree (engine/rounds/tree.py) a row carries the tree's N nodes instead of k drafts: every round drafts the whole
+    tree (the head's likeliest tokens, for greedy and sampled rows alike) and verifies it, greedy rows by matching,
+    sampled ones by ``tree_rejection_sample``; the accepted nodes' K/V and features move to the committed positions
+    first."""
 
     def __init__(self, model: torch.nn.Module, k: int, one_hot: bool, aux_layers: tuple[int, ...],
                  device: torch.device, tree: "DraftTree | None" = None) -> None:
@@ -114,18 +114,12 @@ class RoundBody:
 
     def draft(self, g: RoundGraph, committed: torch.Tensor, accepted: torch.Tensor, aux: torch.Tensor | None,
               s: RoundSampling | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The drafter's next drafts [R, w] (and, sampled, their q [R, k, V]): a tree in a greedy round of a tree,
-        else a chain (with a tree: on its first path, placeholders elsewhere)."""
-        t, k = self.tree, self.k
-        if t is None:
+        """The drafter's next drafts [R, w] (and, a sampled chain's, their q [R, k, V]): a tree's, one-hot, in any
+        round of a tree (its sampled rows verify it against the target alone: ``tree_rejection_sample``)."""
+        if self.tree is None:
             return g.program.draft(committed, accepted, aux, g.attn.kv_lens, s)
-        lens = g.attn.kv_lens - (self.width - k)  # L + k + 1, as the drafter's part takes them
-        if s is None:
-            return g.program.draft_tree(committed, accepted, aux, lens), None
-        chain, q = g.program.draft(committed, accepted, aux, lens, s)
-        nodes = torch.full((chain.shape[0], self.width), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=chain.device)
-        nodes[:, t.first_path[1:] - 1] = chain
-        return nodes, q
+        lens = g.attn.kv_lens - (self.width - self.k)  # L + k + 1, as the drafter's part takes them
+        return g.program.draft_tree(committed, accepted, aux, lens), None
 
     def verify(self, g: RoundGraph, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """The target's forward over every row's t0 and drafts, and acceptance: committed [R, k+1], accepted [R]
@@ -177,16 +171,17 @@ class RoundBody:
         logits = model.lm_logits(hidden).view(rows, n + 1, -1)                 # [R, N+1, V] model dtype
         argmax = ops.argmax(logits.view(rows * (n + 1), -1)).view(rows, n + 1)
         cache = g.attn.cache
-        if s is None:
-            committed, accepted, path, src, dst = accept_tree(nodes, num_draft, argmax, t, g.attn.block_table, kv,
-                                                              cache.block_size)
-        else:  # a chain on the first path, as ``verify`` takes one
-            path = t.first_path.expand(rows, k + 1)
+        committed, accepted, path, src, dst = accept_tree(nodes, num_draft, argmax, t, g.attn.block_table, kv,
+                                                          cache.block_size)
+        if s is not None:  # the sampled rows' walk; the greedy rows keep the matching's
+            s.unpack()
+            per_position = (x.repeat_interleave(n + 1) for x in (s.temperature, s.top_k, s.top_p))
+            probs = probs_from_logits(logits.view(rows * (n + 1), -1).float(), *per_position, s.filtered)
+            sampled = tree_rejection_sample(nodes, num_draft, probs.view(rows, n + 1, -1), s.uniforms, s.noise[0], t)
+            greedy = s.greedy[:, None]
+            committed, path = (torch.where(greedy, a, b) for a, b in ((committed, sampled[0]), (path, sampled[2])))
+            accepted = torch.where(s.greedy, accepted, sampled[1])
             src, dst = path_slots(g.attn.block_table, kv, path, n, cache.block_size)
-            drafts = nodes.index_select(1, t.first_path[1:] - 1)               # [R, k]
-            committed, accepted = greedy_verify(drafts, num_draft, argmax.index_select(1, t.first_path))
-            chain_logits = logits.index_select(1, t.first_path).reshape(rows * (k + 1), -1)
-            committed, accepted = self._sample(s, chain_logits, drafts, num_draft, committed, accepted, 0)
         move_kv(cache.k, cache.v, src, dst)
         if aux is not None:                                                   # the path's features, [R*(k+1), F]
             aux = aux.view(rows, n + 1, -1).gather(1, path[:, :, None].expand(-1, -1, aux.shape[-1]))

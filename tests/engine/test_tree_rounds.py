@@ -2,11 +2,14 @@
 
 Greedy rounds verify and draft the whole tree; they must decode exactly the target's plain greedy output, with rounds
 launched ahead, several rounds a replay and requests joining between rounds, and commit more tokens a round than a
-chain of the same depth (the tree's first path is the chain). Sampled rows in such a graph verify the first path:
-they decode what the chain's graph decodes, coin for coin.
+chain of the same depth (the tree's first path is the chain). Sampled rows walk the same tree
+(``tree_rejection_sample``, whose distribution tests/engine/test_tree_sampling.py checks): near temperature 0 they
+commit what greedy rows commit, round by round.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -80,9 +83,21 @@ def test_requests_join_tree_rounds_beside_sampled_ones(smollm, prompts):
         return list(tokens.values())
 
     want = make_decoder(smollm, "none", k=0, cuda_graphs=False).generate(prompts[:2], greedy)
-    chain, tree = run(), run(spec_tree=TREE)
-    assert tree[:2] == [o.new_token_ids for o in want]
-    assert tree == chain  # the sampled request's rounds on the first path: the chain's, coin for coin
+    tree = run(spec_tree=TREE)
+    assert tree[:2] == [o.new_token_ids for o in want] and len(tree[2]) == 24
+    assert run(spec_tree=TREE) == tree  # the sampled request's coins are its seed's, whatever joined when
+
+
+def test_sampled_rows_walk_the_tree(smollm, prompts, plain):
+    """Near temperature 0 the target's distribution is all but one-hot: a sampled row walking the tree commits what a
+    greedy row does, as many tokens a round, which is more than a sampled chain of the same depth commits."""
+    cold = [dataclasses.replace(p, temperature=1e-3, seed=3 + i) for i, p in enumerate(PARAMS)]
+    greedy = _fused(smollm, spec_tree=TREE).generate(prompts, PARAMS)
+    tree = _fused(smollm, spec_tree=TREE).generate(prompts, cold)
+    chain = _fused(smollm).generate(prompts, cold)
+    assert [o.new_token_ids for o in tree] == [o.new_token_ids for o in greedy] == [o.new_token_ids for o in plain]
+    assert [(o.accepted, o.rounds) for o in tree] == [(o.accepted, o.rounds) for o in greedy]
+    assert sum(o.accepted for o in tree) > sum(o.accepted for o in chain)
 
 
 def test_a_tree_needs_a_drafter_that_drafts_trees(smollm):

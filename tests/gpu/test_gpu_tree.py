@@ -40,6 +40,25 @@ def test_captured_tree_rounds_equal_plain_greedy(f32, prompts, tree, kw):
         assert dec.fused.rounds_ahead > 0
 
 
+@pytest.mark.parametrize("tree", [(2, 2, 1, 1), (3, 1)])
+def test_captured_sampled_tree_rounds_walk_the_tree(f32, prompts, tree):
+    """Sampled rows through captured tree rounds (``tree_rejection_sample``: one kernel on the GPU): near temperature 0
+    they commit what greedy rows commit, round for round; at T 0.7 a seeded request decodes the same tokens twice."""
+    import dataclasses
+
+    def run(params):
+        dec = make_decoder(f32, "auto", k=len(tree), device="cuda", dtype="float32", attention="torch",
+                           cuda_graphs=True, fused_rounds=True, spec_tree=tree)
+        return dec.generate(prompts, params)
+
+    greedy = run(PARAMS)
+    cold = run([dataclasses.replace(p, temperature=1e-3, seed=i) for i, p in enumerate(PARAMS)])
+    assert [o.new_token_ids for o in cold] == [o.new_token_ids for o in greedy]
+    assert [(o.accepted, o.rounds) for o in cold] == [(o.accepted, o.rounds) for o in greedy]
+    warm = [dataclasses.replace(p, temperature=0.7, seed=i) for i, p in enumerate(PARAMS)]
+    assert [o.new_token_ids for o in run(warm)] == [o.new_token_ids for o in run(warm)]
+
+
 def test_tree_rounds_in_bfloat16_commit_more_than_the_chain_and_leave_greedy_only_at_near_ties(
         smollm_path, f32, prompts):
     """bf16 sums a tree's verify over other positions than plain decoding's: a near-tie may fall the other way and
