@@ -1,6 +1,6 @@
 """Tokens a round would commit if the EAGLE head proposed a tree, not a chain: ``python -m bench.tree_probe``.
 
-Greedy only, no tree is built or verified: it measures what one would accept. For each prompt the target decodes
+No tree is built or verified: it measures what one would accept. For each prompt the target decodes
 ``--max-tokens`` greedily (the truth) and runs once over prompt and output for its features; then from every
 committed length c the head drafts ``--depth`` steps along the truth (each step fed the target's token, whatever the
 head picked; never past the output's last token but one, as the engine's rounds) and records the rank of the
@@ -12,6 +12,12 @@ the head's top ``b_j`` tokens at depth j under every kept node, that is depth j 
 depth up to j is below its ``b``. From the ranks each ``--shapes`` entry's rounds are replayed over every output
 (a round from where the one before committed; the chain of k drafts is the shape 1,1,..,1): tokens per round (τ)
 and the tree's nodes (a row's verify runs them all, plus its last committed token).
+
+With ``--temperature`` T > 0 the truth is the target's own sampled output at T (seeded per prompt). A sampled row
+verifying a tree of the head's top tokens (``tree_rejection_sample``, engine/rounds/tree.py) accepts a node exactly
+when the target's own draw at its parent is that node: so its rounds are the same replay over the sampled truth's
+ranks, and τ is exact in distribution. (A chain of drafts *sampled* from the head's q is verified against q and
+accepts differently: its τ is the engine's, ``tandem bench --temperatures T``.)
 """
 
 from __future__ import annotations
@@ -49,8 +55,8 @@ def replay(ranks: Sequence[Sequence[int]], shape: Sequence[int]) -> list[int]:
     return rounds
 
 
-def truth_ranks(model, drafter, prompts: Sequence[Sequence[int]], max_tokens: int, depth: int
-                ) -> list[list[list[int]]]:
+def truth_ranks(model, drafter, prompts: Sequence[Sequence[int]], max_tokens: int, depth: int,
+                temperature: float = 0.0, seed: int = 0) -> list[list[list[int]]]:
     """Per prompt, per committed offset (2 .. max_tokens - 1 output tokens committed: the engine's drafting
     rounds), the rank of the target's next tokens in the head's logits at depths 1 .. depth (fewer near the end:
     none from the last offset), the head fed the truth. The drafter is the probe's own: its picks are forced."""
@@ -61,7 +67,8 @@ def truth_ranks(model, drafter, prompts: Sequence[Sequence[int]], max_tokens: in
     target = ModelRunner(model.model, config)
     plain = SpecDecoder(target, model.tokenizer, config, None)
     outs = plain.generate([list(p) for p in prompts],
-                          SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+                          [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True,
+                                          seed=None if temperature == 0 else seed + i) for i in range(len(prompts))])
     seqs = [list(p) + list(o.new_token_ids) for p, o in zip(prompts, outs)]
     feats = []
     for i, seq in enumerate(seqs):
@@ -112,6 +119,9 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=6, help="draft steps along the truth from every position (default 6)")
     p.add_argument("--shapes", default="1111,111111,2111,2211,3211,2221,4221,3311",
                    help="tree shapes to replay, comma separated: a digit per depth, children kept per node")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the truth's temperature (default 0: greedy); > 0: sampled rows verifying the tree")
+    p.add_argument("--seed", type=int, default=0, help="prompt i's truth is sampled with seed + i (default 0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()
@@ -125,13 +135,14 @@ def main() -> None:
                           max_k=max(8, args.depth), max_batch_size=max(64, args.num_prompts))
     drafter = build_drafter(DraftSpec.parse("auto"), model, config)
     prompts = held_out_prompts(args.dataset, model.tokenizer, args.num_prompts)
-    ranks = truth_ranks(model, drafter, prompts, args.max_tokens, args.depth)
+    ranks = truth_ranks(model, drafter, prompts, args.max_tokens, args.depth, args.temperature, args.seed)
     rows = []
     for shape in shapes:
         per = [replay(r, shape) for r in ranks]
         tokens, rounds = sum(map(sum, per)), sum(map(len, per))
         rows.append({"dataset": args.dataset, "shape": "".join(map(str, shape)), "nodes": tree_nodes(shape),
                      "tau": round(tokens / rounds, 3), "rounds": rounds, "prompts": len(prompts),
+                     "temperature": args.temperature,
                      "max_tokens": args.max_tokens, "device": args.device})
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
