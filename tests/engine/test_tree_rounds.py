@@ -103,3 +103,17 @@ def test_sampled_rows_walk_the_tree(smollm, prompts, plain):
 def test_a_tree_needs_a_drafter_that_drafts_trees(smollm):
     with pytest.raises(ValueError, match="spec_tree"):
         _fused(smollm, "ngram", spec_tree=TREE)
+
+
+@pytest.mark.parametrize("k", [4, 1, 0])
+def test_a_requests_own_k_at_a_shallow_tree(smollm, prompts, plain, k):
+    """A request's own k against a verifier whose tree is 3,1 (k 2): a gateway's default k 4 verifies the whole tree,
+    k 1 its first depth, k 0 decodes plainly; the output is the target's greedy output each way."""
+    dec = _fused(smollm, k=2, spec_tree=(3, 1), pipeline_max_batch=8)
+    got = dec.generate(prompts, [dataclasses.replace(p, k=k) for p in PARAMS])
+    assert [o.new_token_ids for o in got] == [o.new_token_ids for o in plain]
+    accepted, rounds = sum(o.accepted for o in got), sum(o.rounds for o in got)
+    if k == 4:  # as a request with no k of its own: the tree's depths
+        default = _fused(smollm, k=2, spec_tree=(3, 1), pipeline_max_batch=8).generate(prompts, PARAMS)
+        assert [(o.accepted, o.rounds) for o in got] == [(o.accepted, o.rounds) for o in default]
+    assert (accepted > 0) if k == 4 else (0 < accepted <= rounds) if k == 1 else accepted == 0, (accepted, rounds)
