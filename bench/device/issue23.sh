@@ -38,14 +38,15 @@
 # F: a wave's prompts packed into prefill replays: bench.prefill_buckets (what a replay costs by rows x length), then
 #    tandem bench at BS (default 16,64), plain and the EAGLE head (DRAFTS), greedy, 64 prompts of DATASET, --min-seconds
 #    MIN_S (default 2), in PREV=path's tree and this one in turn, ORDER (default "prev new prev new"), after a warm-up.
-# X: draft trees (--spec-tree): tandem bench at BS (default 1,4,16), greedy, 64 prompts of DATASET, --min-seconds
-#    MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree of TREES (default
-#    2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips tests/gpu/test_gpu_tree.py first;
-#    ADMISSION=continuous (default waves) with NUM prompts (default 64; HumanEval has 164).
-# K: where a tree round's time goes: bench.step_profile --round auto at BS (default 1,4), greedy, the chain (k 4) and
-#    each tree of TREES (default 2,2,1,1; k its depth), 40 kernels each, and the first tree again with torch.topk
-#    picking the children (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py and the topk_rows GPU
-#    test (NO_TESTS=1: not; TESTS_S: their time limit, default 300 s).
+# X: draft trees (--spec-tree): tandem bench at BS (default 1,4,16), greedy (TEMPS: e.g. 0,0.7), 64 prompts of
+#    DATASET, --min-seconds MIN_S (default 2): plain and the EAGLE head's chain, then plain and the head with each tree
+#    of TREES (default 2,2,1,1 and 3,2,1,1, separated by spaces), one process each; NO_TESTS=1 skips
+#    tests/gpu/test_gpu_tree.py first; ADMISSION=continuous (default waves) with NUM prompts (default 64; HumanEval has
+#    164).
+# K: where a tree round's time goes: bench.step_profile --round auto at BS (default 1,4), greedy (TEMP: sampled), the
+#    chain (k 4) and each tree of TREES (default 2,2,1,1; k its depth), 40 kernels each, and the first tree again with
+#    torch.topk picking the children (the drafter before kernels.topk_rows); then tests/gpu/test_gpu_tree.py and the
+#    topk_rows and tree_sample_accept GPU tests (NO_TESTS=1: not; TESTS_S: their time limit, default 300 s).
 #    X's trees take k from their depth too (neither passes --k: a tree's k is its depth).
 source "$(dirname "$0")/env.sh"
 name=${NAME:-h100}-${TANDEM_COMMIT:-dev}
@@ -72,12 +73,12 @@ case "${PART:-P}" in
       tag="$name-$ds-$adm-tree-$(echo "$tree" | tr -d ,)"
       if [ "$tree" = chain ]; then more=(--drafts none,auto); else more=(--drafts none,auto --spec-tree "$tree"); fi
       timeout 200 python3 -m cli.main bench --name "$tag" --dataset "$ds" --num-prompts "${NUM:-64}" \
-        --batch-sizes "${BS:-1,4,16}" "${more[@]}" --baselines none --temperatures 0 --admission "$adm" \
+        --batch-sizes "${BS:-1,4,16}" "${more[@]}" --baselines none --temperatures "${TEMPS:-0}" --admission "$adm" \
         --min-seconds "${MIN_S:-2}" --attention torch --device cuda --out-dir "$OUT" > "$OUT/$tag.log" 2>&1
       grep -E '^\|' "$OUT/$tag.md" | cut -d'|' -f2-14 || tail -20 "$OUT/$tag.log"; echo "$tag done at $SECONDS s"
     done ;;
   K)
-    prof=(python3 -m bench.step_profile --round auto --batch "${BS:-1,4}" --iters 50 --top 40)
+    prof=(python3 -m bench.step_profile --round auto --temperature "${TEMP:-0}" --batch "${BS:-1,4}" --iters 50 --top 40)
     set -- ${TREES:-2,2,1,1}
     for tree in chain "$@" "torch-topk:$1"; do
       tag="$name-profile-$(echo "$tree" | tr -d ,:)"
@@ -93,7 +94,9 @@ sys.argv = sys.argv[1:]; runpy.run_module('bench.step_profile', run_name='__main
     done
     echo "profiles done at $SECONDS s"
     [ -n "${NO_TESTS:-}" ] || { timeout "${TESTS_S:-300}" python3 -m pytest -q -s tests/gpu/test_gpu_tree.py \
-      tests/gpu/test_gpu_kernels.py::test_topk_rows_compiled_equal_a_stable_sort > "$OUT/$name-tree-tests.log" 2>&1;
+      tests/gpu/test_gpu_kernels.py::test_topk_rows_compiled_equal_a_stable_sort \
+      tests/gpu/test_gpu_kernels.py::test_tree_sample_accept_compiled_equals_the_torch_steps \
+      > "$OUT/$name-tree-tests.log" 2>&1;
       grep -E "^\{'chain'|passed|failed" "$OUT/$name-tree-tests.log" | cut -c1-600; echo "tests done at $SECONDS s"; } ;;
   F)
     [ -n "${NO_PROBE:-}" ] || { timeout 150 python3 -m bench.prefill_buckets > "$OUT/$name-prefill-buckets.log" 2>&1;
