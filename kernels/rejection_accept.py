@@ -69,6 +69,38 @@ def _best(score, cols):
 
 
 @triton.jit
+def race_partial(val_ptr, idx_ptr, part, p, r, e, cols, live):
+    # one program's columns of a row: the exponential race over the residual r and over p (best score, first
+    # column), and whether any residual entry is positive, stored as partial ``part``; then a barrier, so they are
+    # stored before the program's ticket releases them
+    r_best, r_idx = _best(tl.where(live, tl.math.div_rn(r, e), float("-inf")), cols)
+    p_best, p_idx = _best(tl.where(live, tl.math.div_rn(p, e), float("-inf")), cols)
+    any_r = tl.max(tl.where(live & (r > 0.0), 1.0, 0.0), axis=0)
+    tl.store(val_ptr + part * 3, r_best)
+    tl.store(val_ptr + part * 3 + 1, p_best)
+    tl.store(val_ptr + part * 3 + 2, any_r)
+    tl.store(idx_ptr + part * 2, r_idx)
+    tl.store(idx_ptr + part * 2 + 1, p_idx)
+    tl.debug_barrier()
+
+
+@triton.jit
+def race_winners(val_ptr, idx_ptr, row, chunks, V, NB: tl.constexpr):
+    # the row's last program: its partials merged -> the residual's draw, p's draw, whether the residual vanished
+    c = tl.arange(0, NB)
+    mine = c < chunks
+    base = row * NB + c
+    r_vals = tl.load(val_ptr + base * 3, mask=mine, other=float("-inf"), cache_modifier=".cg")
+    p_vals = tl.load(val_ptr + base * 3 + 1, mask=mine, other=float("-inf"), cache_modifier=".cg")
+    any_vals = tl.load(val_ptr + base * 3 + 2, mask=mine, other=0.0, cache_modifier=".cg")
+    r_idxs = tl.load(idx_ptr + base * 2, mask=mine, other=V, cache_modifier=".cg")
+    p_idxs = tl.load(idx_ptr + base * 2 + 1, mask=mine, other=V, cache_modifier=".cg")
+    r_final = tl.min(tl.where((r_vals == tl.max(r_vals, axis=0)) & mine, r_idxs, V), axis=0)
+    p_final = tl.min(tl.where((p_vals == tl.max(p_vals, axis=0)) & mine, p_idxs, V), axis=0)
+    return r_final, p_final, tl.max(any_vals, axis=0) == 0.0
+
+
+@triton.jit
 def _rejection_accept_kernel(
     draft_ptr,      # [B, K] int64, row stride stride_d
     num_draft_ptr,  # [B] int64, stride stride_n
@@ -116,30 +148,10 @@ def _rejection_accept_kernel(
     else:
         d_n = tl.sum(tl.where(j == n, ids, 0), axis=0)  # the draft's token at position n (one-hot q)
         r = tl.where(cols == d_n, 0.0, p)
-    r_best, r_idx = _best(tl.where(live, tl.math.div_rn(r, e), float("-inf")), cols)
-    p_best, p_idx = _best(tl.where(live, tl.math.div_rn(p, e), float("-inf")), cols)
-    any_r = tl.max(tl.where(live & (r > 0.0), 1.0, 0.0), axis=0)
-    part = row * NB + chunk
-    tl.store(val_ptr + part * 3, r_best)
-    tl.store(val_ptr + part * 3 + 1, p_best)
-    tl.store(val_ptr + part * 3 + 2, any_r)
-    tl.store(idx_ptr + part * 2, r_idx)
-    tl.store(idx_ptr + part * 2 + 1, p_idx)
-    tl.debug_barrier()  # the partials are stored before the ticket releases them
+    race_partial(val_ptr, idx_ptr, row * NB + chunk, p, r, e, cols, live)
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == chunks - 1:  # the row's last program merges
-        c = tl.arange(0, NB)
-        mine = c < chunks
-        base = row * NB + c
-        r_vals = tl.load(val_ptr + base * 3, mask=mine, other=float("-inf"), cache_modifier=".cg")
-        p_vals = tl.load(val_ptr + base * 3 + 1, mask=mine, other=float("-inf"), cache_modifier=".cg")
-        any_vals = tl.load(val_ptr + base * 3 + 2, mask=mine, other=0.0, cache_modifier=".cg")
-        r_idxs = tl.load(idx_ptr + base * 2, mask=mine, other=V, cache_modifier=".cg")
-        p_idxs = tl.load(idx_ptr + base * 2 + 1, mask=mine, other=V, cache_modifier=".cg")
-        r_top = tl.max(r_vals, axis=0)
-        p_top = tl.max(p_vals, axis=0)
-        r_final = tl.min(tl.where((r_vals == r_top) & mine, r_idxs, V), axis=0)
-        p_final = tl.min(tl.where((p_vals == p_top) & mine, p_idxs, V), axis=0)
-        final = tl.where(bonus | (tl.max(any_vals, axis=0) == 0.0), p_final, r_final)
+        r_final, p_final, vanished = race_winners(val_ptr, idx_ptr, row, chunks, V, NB)
+        final = tl.where(bonus | vanished, p_final, r_final)
         in_out = j < K + 1
         out = tl.where(j < n, draft, tl.where(j == n, final, PLACEHOLDER))
         tl.store(out_ptr + row * (K + 1) + j, out, mask=in_out)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import PLACEHOLDER_TOKEN_ID, check_int, check_launchable, check_tensor, pow2_at_least
-from kernels.rejection_accept import _best
+from kernels.rejection_accept import race_partial, race_winners
 
 BLOCK = 2048  # vocabulary columns per program
 
@@ -97,28 +97,10 @@ def _tree_sample_kernel(
     e = tl.load(noise_ptr + row * stride_e + cols, mask=inside, other=1.0)
     gone = tl.max((cols[:, None] == removed[None, :]).to(tl.int32), axis=1) > 0
     r = tl.where(gone, 0.0, p)
-    r_best, r_idx = _best(tl.where(inside, tl.math.div_rn(r, e), float("-inf")), cols)
-    p_best, p_idx = _best(tl.where(inside, tl.math.div_rn(p, e), float("-inf")), cols)
-    any_r = tl.max(tl.where(inside & (r > 0.0), 1.0, 0.0), axis=0)
-    part = row * NB + chunk
-    tl.store(val_ptr + part * 3, r_best)
-    tl.store(val_ptr + part * 3 + 1, p_best)
-    tl.store(val_ptr + part * 3 + 2, any_r)
-    tl.store(idx_ptr + part * 2, r_idx)
-    tl.store(idx_ptr + part * 2 + 1, p_idx)
-    tl.debug_barrier()  # the partials are stored before the ticket releases them
+    race_partial(val_ptr, idx_ptr, row * NB + chunk, p, r, e, cols, inside)
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == chunks - 1:  # the row's last program merges
-        c = tl.arange(0, NB)
-        mine = c < chunks
-        base = row * NB + c
-        r_vals = tl.load(val_ptr + base * 3, mask=mine, other=float("-inf"), cache_modifier=".cg")
-        p_vals = tl.load(val_ptr + base * 3 + 1, mask=mine, other=float("-inf"), cache_modifier=".cg")
-        any_vals = tl.load(val_ptr + base * 3 + 2, mask=mine, other=0.0, cache_modifier=".cg")
-        r_idxs = tl.load(idx_ptr + base * 2, mask=mine, other=V, cache_modifier=".cg")
-        p_idxs = tl.load(idx_ptr + base * 2 + 1, mask=mine, other=V, cache_modifier=".cg")
-        r_final = tl.min(tl.where((r_vals == tl.max(r_vals, axis=0)) & mine, r_idxs, V), axis=0)
-        p_final = tl.min(tl.where((p_vals == tl.max(p_vals, axis=0)) & mine, p_idxs, V), axis=0)
-        final = tl.where(tl.max(any_vals, axis=0) == 0.0, p_final, r_final)
+        r_final, p_final, vanished = race_winners(val_ptr, idx_ptr, row, chunks, V, NB)
+        final = tl.where(vanished, p_final, r_final)
         out = tl.where(dcol < count, tokens, tl.where(dcol == count, final, PLACEHOLDER))
         tl.store(committed_ptr + row * (D + 1) + dcol, out, mask=dcol <= D)
         tl.store(accepted_ptr + row, count)
