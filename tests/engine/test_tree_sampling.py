@@ -39,7 +39,6 @@ class Target:
 
     def __init__(self, depth: int, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.depth = depth
         count = sum(V ** n for n in range(depth + 1))
         self.table = torch.softmax(torch.randn(count, V, generator=g) * 0.8, dim=-1)
         self.table[3, 4] = 0.0  # a token the target never picks after some prefix
@@ -218,7 +217,7 @@ def _sample_batch(shape, rows: int, seed: int, sampler=None):
         out = tree_rejection_sample(nodes, num_draft, probs, *coins, TreeTensors(tree, "cpu"))
     else:
         out = sampler(nodes, num_draft, probs, *coins, tree)
-    return out, num_draft, target, probs
+    return out, num_draft, target, nodes
 
 
 def _by_layout(committed, accepted, target: Target):
@@ -228,7 +227,7 @@ def _by_layout(committed, accepted, target: Target):
 
 @pytest.mark.parametrize("shape", [(2, 2, 1), (3, 1), (4, 1)])
 def test_committed_tokens_follow_the_target(shape):
-    (committed, accepted, _), num_draft, target, probs = _sample_batch(shape, 60_000, sum(shape))
+    (committed, accepted, _), num_draft, target, nodes = _sample_batch(shape, 60_000, sum(shape))
     assert (accepted <= num_draft).all()
     k1 = committed.shape[1]
     live = torch.arange(k1)[None, :] <= accepted[:, None]
@@ -239,9 +238,14 @@ def test_committed_tokens_follow_the_target(shape):
     assert {0, 1} <= {j for j, prefix, *_ in report if prefix is not None}, report  # by prefix past the root too
     for j, prefix, n, tv, tol in report:
         assert tv < tol, f"position {j} after {prefix}: TV {tv:.4f} >= {tol:.4f} over {n} rows"
-    # the tree pays: more accepted at depth 1 than the first child alone would give
     first = (accepted >= 1).double().mean().item()
     assert first > 0.3
+    # the tree pays: the rows of the target's own likeliest candidates accept at depth 1 with the p of all the root's
+    # children (within 4 sigma), more than its first child's alone
+    top = (torch.arange(len(nodes)) % 2 == 0) & (num_draft >= 1)
+    p_root = target.after(())[nodes[0, : shape[0]]]
+    got, want = (accepted[top] >= 1).double().mean().item(), p_root.sum().item()
+    assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / int(top.sum())) and want > p_root[0].item() + 0.05
 
 
 @pytest.mark.parametrize("mutant", ["recover_from_p", "accept_if_u_below_p"])

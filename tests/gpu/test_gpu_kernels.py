@@ -133,9 +133,10 @@ def test_next_inputs_compiled_equals_the_reference():
     from kernels.next_inputs import next_inputs, next_inputs_reference
     from tests.kernels.test_kernels import chained_round
 
-    for r, k, padding in ((1, 4, 0), (8, 4, 3), (4, 0, 1)):
-        inputs, kv, committed, accepted, drafts = (None if t is None else t.cuda()
-                                                   for t in chained_round(torch.Generator().manual_seed(r), r, k, padding))
+    # (a draft tree's rows: w nodes over the k depths verified)
+    for r, k, padding, w in ((1, 4, 0, None), (8, 4, 3, None), (4, 0, 1, None), (1, 4, 0, 14), (8, 2, 3, 6)):
+        inputs, kv, committed, accepted, drafts = (None if t is None else t.cuda() for t in
+                                                   chained_round(torch.Generator().manual_seed(r), r, k, padding, w))
         want = next_inputs_reference(inputs, kv, committed, accepted, drafts)
         next_inputs(inputs, kv, committed, accepted, drafts)
         assert torch.equal(inputs, want[0]) and torch.equal(kv, want[1])

@@ -6,6 +6,8 @@ a near-tie."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -44,8 +46,6 @@ def test_captured_tree_rounds_equal_plain_greedy(f32, prompts, tree, kw):
 def test_captured_sampled_tree_rounds_walk_the_tree(f32, prompts, tree):
     """Sampled rows through captured tree rounds (``tree_rejection_sample``: one kernel on the GPU): near temperature 0
     they commit what greedy rows commit, round for round; at T 0.7 a seeded request decodes the same tokens twice."""
-    import dataclasses
-
     def run(params):
         dec = make_decoder(f32, "auto", k=len(tree), device="cuda", dtype="float32", attention="torch",
                            cuda_graphs=True, fused_rounds=True, spec_tree=tree)
